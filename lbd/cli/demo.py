@@ -1,0 +1,7 @@
+"""Placeholder; replaced by its owner."""
+
+import argparse
+
+
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Placeholder."""

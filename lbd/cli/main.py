@@ -1,0 +1,59 @@
+"""Entry point of the ``lbd`` console script.
+
+Each verb group lives in its own module exposing ``register(subparsers)``; the parser it adds sets
+``func`` to a callable taking the parsed arguments and returning the exit code. Errors lbd raises on
+purpose (:class:`~lbd.core.errors.LbdError`) and unreadable files end in one line on stderr and a
+non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from lbd import __version__
+from lbd.cli import channel, config_cmd, demo, shed
+from lbd.core.errors import InvalidInputError, LbdError
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+_GROUPS = (shed, channel, config_cmd, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``lbd`` parser with every verb group registered."""
+    parser = argparse.ArgumentParser(
+        prog="lbd", description="Load-balancer sidecar for Pulsar-style message brokers."
+    )
+    parser.add_argument("--version", action="version", version=f"lbd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in _GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run the chosen verb and return its exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except InvalidInputError as e:
+        print(f"lbd: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except LbdError as e:
+        print(f"lbd: error: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"lbd: error: {e.strerror or e}{where}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

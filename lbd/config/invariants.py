@@ -1,0 +1,190 @@
+"""Cross-field rules of the settings, checked at load and all reported together.
+
+Modelled on patroni's ``_validate_and_adjust_timeouts``, except that lbd rejects rather than
+adjusts: a silently changed timeout is a surprise during an incident. Each rule names the keys it
+reads; the first is where a violation is reported, because that is the key to change.
+
+The fencing rule carries the safety argument of DESIGN §8 ("at no instant do two brokers serve
+the same bundle"). Let t0 be the send time of the sidecar's last successful lease renewal. The
+leader may hand the bundles to another broker ``monitor.orphan_cleanup_grace_s`` (G) after it saw
+the registration vanish. That happens no earlier than t0 + lease_ttl_s when the lease expires, but
+it can happen right after t0 when the lease is revoked, so the TTL is no credit to count on. The
+sidecar fences ``etcd.fence_after_s`` (F) after t0, noticed up to one ``keepalive_interval_s`` (k)
+late, and fencing itself plus clock-rate differences take up to ``etcd.fence_margin_s`` (M). Hence
+F + k + M <= G. Fencing before t0 + lease_ttl_s is never needed for safety, as nobody may take
+the bundles while the lease can still be alive, so F >= lease_ttl_s keeps etcd blips shorter than
+the TTL from closing every bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lbd.config.schema import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One violated rule: the dotted key to change, why, and every key the rule reads."""
+
+    key: str
+    message: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Invariant:
+    """A cross-field rule; ``check`` returns why the settings break it, or None."""
+
+    keys: tuple[str, ...]
+    check: Callable[[Settings], str | None]
+
+    @property
+    def sections(self) -> frozenset[str]:
+        """The sections the rule reads; it is skipped while any of them is invalid."""
+        return frozenset(key.partition(".")[0] for key in self.keys)
+
+
+def _n(value: float) -> str:
+    """A number as an operator wrote it: 4 rather than 4.0, at most 3 decimals."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _keepalive_vs_ttl(s: Settings) -> str | None:
+    k, ttl = s.etcd.keepalive_interval_s, s.etcd.lease_ttl_s
+    if k < ttl / 3:
+        return None
+    return (
+        f"must be < etcd.lease_ttl_s / 3 = {_n(ttl / 3)} (got {_n(k)}): the lease must survive "
+        "two failed renewals in a row"
+    )
+
+
+def _request_timeout_vs_ttl(s: Settings) -> str | None:
+    k, r, ttl = s.etcd.keepalive_interval_s, s.etcd.request_timeout_s, s.etcd.lease_ttl_s
+    if k + 2 * r <= ttl:
+        return None
+    return (
+        f"etcd.keepalive_interval_s + 2 x etcd.request_timeout_s must be <= etcd.lease_ttl_s "
+        f"({_n(k)} + 2 x {_n(r)} = {_n(k + 2 * r)} > {ttl}): a renewal that hangs to its "
+        "deadline must leave time for one more before the lease expires"
+    )
+
+
+def _fence_after_ttl(s: Settings) -> str | None:
+    f, ttl = s.etcd.fence_after_s, s.etcd.lease_ttl_s
+    if f >= ttl:
+        return None
+    return (
+        f"must be >= etcd.lease_ttl_s = {ttl} (got {_n(f)}): fencing while the lease may still "
+        "be alive buys no safety and closes every bundle on each etcd blip"
+    )
+
+
+def _fence_before_cleanup(s: Settings) -> str | None:
+    f, k, m = s.etcd.fence_after_s, s.etcd.keepalive_interval_s, s.etcd.fence_margin_s
+    grace = s.monitor.orphan_cleanup_grace_s
+    if f + k + m <= grace:
+        return None
+    return (
+        f"etcd.fence_after_s + etcd.keepalive_interval_s + etcd.fence_margin_s must be <= "
+        f"monitor.orphan_cleanup_grace_s ({_n(f)} + {_n(k)} + {_n(m)} = {_n(f + k + m)} > "
+        f"{_n(grace)}): a sidecar cut off from etcd must have closed its bundles before the "
+        "leader may hand them to another broker"
+    )
+
+
+def _release_ack_vs_inflight(s: Settings) -> str | None:
+    ack, inflight = s.broker.release_ack_timeout_s, s.monitor.inflight_timeout_s
+    if ack < inflight:
+        return None
+    return (
+        f"must be < monitor.inflight_timeout_s = {_n(inflight)} (got {_n(ack)}): the sidecar "
+        "must settle its own transfer before the leader declares it stuck"
+    )
+
+
+def _tombstone_vs_inflight(s: Settings) -> str | None:
+    tomb, inflight = s.monitor.tombstone_after_s, s.monitor.inflight_timeout_s
+    if tomb > inflight:
+        return None
+    return (
+        f"must be > monitor.inflight_timeout_s = {_n(inflight)} (got {_n(tomb)}), as in Pulsar: "
+        "a state is never tombstoned before a stuck transition could have been fixed"
+    )
+
+
+def _load_ttl_vs_report(s: Settings) -> str | None:
+    ttl, every = s.shedding.load_data_ttl_s, s.load_report.interval_s
+    if ttl >= 2 * every:
+        return None
+    return (
+        f"must be >= 2 x load_report.interval_s = {_n(2 * every)} (got {ttl}): one late report "
+        "must not make a live broker's load look stale"
+    )
+
+
+def _distinct_topics(s: Settings) -> str | None:
+    p = s.pulsar
+    topics = (p.state_channel_topic, p.broker_load_topic, p.top_bundles_topic)
+    if len(set(topics)) == len(topics):
+        return None
+    return "state_channel_topic, broker_load_topic and top_bundles_topic must be distinct"
+
+
+def _distinct_listeners(s: Settings) -> str | None:
+    if s.metrics.addr is None or s.metrics.addr != s.grpc.addr:
+        return None
+    return f"must differ from grpc.addr (both are {s.metrics.addr!r}): both listen there"
+
+
+def _history_uri(s: Settings) -> str | None:
+    if s.history.enabled and not s.history.uri:
+        return "must be set when history.enabled = true"
+    return None
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(("etcd.keepalive_interval_s", "etcd.lease_ttl_s"), _keepalive_vs_ttl),
+    Invariant(
+        ("etcd.request_timeout_s", "etcd.keepalive_interval_s", "etcd.lease_ttl_s"),
+        _request_timeout_vs_ttl,
+    ),
+    Invariant(("etcd.fence_after_s", "etcd.lease_ttl_s"), _fence_after_ttl),
+    Invariant(
+        (
+            "etcd.fence_after_s",
+            "etcd.keepalive_interval_s",
+            "etcd.fence_margin_s",
+            "monitor.orphan_cleanup_grace_s",
+        ),
+        _fence_before_cleanup,
+    ),
+    Invariant(
+        ("broker.release_ack_timeout_s", "monitor.inflight_timeout_s"), _release_ack_vs_inflight
+    ),
+    Invariant(("monitor.tombstone_after_s", "monitor.inflight_timeout_s"), _tombstone_vs_inflight),
+    Invariant(("shedding.load_data_ttl_s", "load_report.interval_s"), _load_ttl_vs_report),
+    Invariant(
+        ("pulsar.state_channel_topic", "pulsar.broker_load_topic", "pulsar.top_bundles_topic"),
+        _distinct_topics,
+    ),
+    Invariant(("metrics.addr", "grpc.addr"), _distinct_listeners),
+    Invariant(("history.uri", "history.enabled"), _history_uri),
+)
+
+
+def check_invariants(
+    settings: Settings, valid_sections: frozenset[str] | None = None
+) -> list[Problem]:
+    """Every rule ``settings`` breaks; rules reading a section not in ``valid_sections`` (when
+    given) are skipped, because its values there are stand-ins for ones that failed to parse."""
+    return [
+        Problem(rule.keys[0], message, rule.keys)
+        for rule in INVARIANTS
+        if valid_sections is None or rule.sections <= valid_sections
+        if (message := rule.check(settings)) is not None
+    ]

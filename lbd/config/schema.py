@@ -1,0 +1,481 @@
+"""The settings schema: one frozen pydantic model per TOML section, and :class:`Settings`.
+
+Every field's docstring is its documentation (``lbd config defaults`` prints it as a comment), so
+it says what the key does and why its default is what it is. Knobs of the pure core take their
+defaults from the core dataclasses (:mod:`lbd.core.tuning`), and ``to_core()`` builds those
+dataclasses back, so a default is written in one place only.
+
+Cross-field rules (timing invariants and the like) live in :mod:`lbd.config.invariants`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    model_validator,
+)
+
+from lbd.config.invariants import check_invariants
+from lbd.core.errors import InvalidInputError
+from lbd.core.names import TopicName
+from lbd.core.tuning import AssignmentConfig, SheddingConfig, SplitConfig
+
+_SHEDDING = SheddingConfig()
+_SPLIT = SplitConfig()
+_ASSIGNMENT = AssignmentConfig()
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_BROKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+AUTO_SPLIT_ALGORITHMS = (
+    "range_equally_divide",
+    "topic_count_equally_divide",
+    "flow_or_qps_equally_divide",
+)
+"""Split algorithms a scheduler can apply on its own (DESIGN §2 minus the one needing input)."""
+
+
+def _blank_to_none(value: object) -> object:
+    """TOML has no null: an empty string stands for "unset" in optional keys."""
+    return None if value == "" else value
+
+
+def _unless_none(check: Callable[[str], str]) -> AfterValidator:
+    """Apply ``check`` to an optional key's value when it is set."""
+
+    def wrapped(value: str | None) -> str | None:
+        return None if value is None else check(value)
+
+    return AfterValidator(wrapped)
+
+
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT with a port in 0..65535, e.g. 127.0.0.1:7000")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError("an IPv6 host must be in brackets, e.g. [::1]:7000")
+    return value
+
+
+def _url_check(*schemes: str) -> Callable[[str], str]:
+    """A check accepting only URLs with one of ``schemes`` and a host."""
+    expected = " or ".join(f"{s}://" for s in schemes)
+
+    def check(value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in schemes or not parts.netloc:
+            raise ValueError(f"must be a URL starting with {expected} and naming a host")
+        return value
+
+    return check
+
+
+def _check_topic(value: str) -> str:
+    try:
+        TopicName.parse(value)
+    except InvalidInputError as e:
+        raise ValueError(str(e)) from None
+    return value
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _check_broker_id(value: str) -> str:
+    if not _BROKER_ID.fullmatch(value):
+        raise ValueError(
+            "must be letters, digits, '.', '_', ':' or '-', starting with a letter or digit "
+            "(it is an etcd key segment)"
+        )
+    return value
+
+
+def _check_prefix(value: str) -> str:
+    # Still empty only when cluster.name is invalid, which is reported on its own.
+    if value and (not value.startswith("/") or value.endswith("/") or "//" in value):
+        raise ValueError("must start with '/', not end with '/' and have no empty segment")
+    return value
+
+
+def _check_channel_topic(value: str) -> str:
+    if not TopicName.parse(value).is_persistent:
+        raise ValueError("must be a persistent:// topic: the channel is the ownership record")
+    return value
+
+
+def _check_auto_split_algorithm(value: str) -> str:
+    if value not in AUTO_SPLIT_ALGORITHMS:
+        raise ValueError(
+            "must be one of "
+            + ", ".join(repr(a) for a in AUTO_SPLIT_ALGORITHMS)
+            + " (specified_positions_divide needs explicit boundaries: Admin Split only)"
+        )
+    return value
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
+OptStr = Annotated[str | None, BeforeValidator(_blank_to_none)]
+"""An optional string key; ``""`` in the file or the environment means unset."""
+
+HostPort = Annotated[str, AfterValidator(_check_host_port)]
+TopicStr = Annotated[str, AfterValidator(_check_topic)]
+UrlList = Annotated[
+    list[Annotated[str, AfterValidator(_url_check("http", "https"))]], Field(min_length=1)
+]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A positive, finite duration in seconds."""
+
+
+class Section(BaseModel):
+    """Base of every section: frozen, typo-proof (unknown keys are errors), documented fields.
+
+    A section's docstring reads "``[name]``: what it is"; ``config defaults`` prints the part
+    after the colon above the section.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ClusterSettings(Section):
+    """``[cluster]``: which cluster this sidecar belongs to."""
+
+    name: Annotated[str, AfterValidator(_check_name)] = "standalone"
+    """Cluster name. Sidecars of one cluster must agree on it; it is part of the default etcd
+    prefix, so several clusters can share one etcd without seeing each other."""
+    etcd_prefix: Annotated[str, AfterValidator(_check_prefix)] = ""
+    """Root of every etcd key lbd writes (registry, leader, namespaces). Empty means
+    "/lbd/<cluster.name>", which keeps clusters apart without extra configuration."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_prefix(cls, data: Any) -> Any:
+        # Derived here rather than in a property so that `config show` and every reader see the
+        # prefix actually used; only from a valid name, which is reported on its own otherwise.
+        if isinstance(data, dict) and not data.get("etcd_prefix"):
+            name = data.get("name", cls.model_fields["name"].default)
+            if isinstance(name, str) and _NAME.fullmatch(name):
+                return {**data, "etcd_prefix": f"/lbd/{name}"}
+        return data
+
+
+class EtcdSettings(Section):
+    """``[etcd]``: the metadata store and this sidecar's lease (DESIGN §8)."""
+
+    endpoints: UrlList = Field(default_factory=lambda: ["http://127.0.0.1:2379"])
+    """etcd client URLs; the client fails over between them. The default is a local etcd."""
+    lease_ttl_s: int = Field(default=15, ge=2)
+    """TTL of the lease that holds this broker's registration, in whole seconds (etcd leases
+    are). Longer rides out etcd hiccups; shorter notices dead brokers sooner. etcd raises TTLs
+    below its own minimum (about 2 s), hence the lower bound."""
+    keepalive_interval_s: Seconds = 4.0
+    """How often the lease is renewed. Must be below lease_ttl_s / 3 so that two renewals in a
+    row can fail before the lease is lost."""
+    request_timeout_s: Seconds = 5.0
+    """Deadline of one etcd request. keepalive_interval_s + 2 x request_timeout_s must fit in
+    lease_ttl_s: a renewal that hangs to its deadline still leaves time for one more try."""
+    session_expired_policy: Literal["reconnect", "shutdown"] = "reconnect"
+    """What to do when the lease is lost (PIP-57): "reconnect" grants a new lease and
+    re-registers under the same broker id, keeping the broker's bundles; "shutdown" exits after
+    reconnect_retries failed attempts, for deployments that prefer a restart."""
+    reconnect_retries: int = Field(default=3, ge=0)
+    """With session_expired_policy = "shutdown": attempts to re-register before exiting.
+    "reconnect" retries for as long as it takes."""
+    fence_after_s: Seconds = 30.0
+    """Self-fencing: after this long without a successful lease renewal (counted from the send
+    time of the last renewal that succeeded) the sidecar closes all its bundles and stops
+    naming itself owner. Must be >= lease_ttl_s (fencing while the lease may still live buys
+    no safety and turns every etcd blip into an outage) and, with keepalive_interval_s and
+    fence_margin_s, fit in monitor.orphan_cleanup_grace_s (see fence_margin_s)."""
+    fence_margin_s: float = Field(default=5.0, ge=1.0)
+    """Safety margin of the fencing rule fence_after_s + keepalive_interval_s + fence_margin_s
+    <= monitor.orphan_cleanup_grace_s. The leader may reassign a broker's bundles
+    orphan_cleanup_grace_s after its registration vanished, which can be right after its last
+    successful renewal (a revoked lease), so the sidecar must have fenced by then: it notices
+    the missed deadline up to one keepalive interval late, and the margin pays for closing the
+    bundles on the broker and for clock-rate differences between hosts."""
+
+
+class PulsarSettings(Section):
+    """``[pulsar]``: the Pulsar cluster carrying the state channel and the load-data topics."""
+
+    service_url: Annotated[
+        str, AfterValidator(_url_check("pulsar", "pulsar+ssl", "http", "https"))
+    ] = "pulsar://127.0.0.1:6650"
+    """Pulsar service URL (env LBD_PULSAR_URL). The default is a local pulsar-lite."""
+    operation_timeout_s: Seconds = 30.0
+    """Deadline of one Pulsar client operation (the Pulsar client's own default)."""
+    state_channel_topic: Annotated[TopicStr, AfterValidator(_check_channel_topic)] = (
+        "persistent://pulsar/system/loadbalancer-service-unit-state"
+    )
+    """The state channel (DESIGN §4). Must be persistent: it is the ownership record. Same name
+    as Pulsar's, so Pulsar tooling finds it."""
+    broker_load_topic: TopicStr = "non-persistent://pulsar/system/loadbalancer-broker-load-data"
+    """BrokerLoadData, keyed by broker id (DESIGN §3). Non-persistent: only the latest matters."""
+    top_bundles_topic: TopicStr = (
+        "non-persistent://pulsar/system/loadbalancer-top-bundles-load-data"
+    )
+    """TopBundlesLoadData, keyed by broker id, read by the leader (DESIGN §3)."""
+
+
+class BrokerSettings(Section):
+    """``[broker]``: the broker this sidecar serves (DESIGN §5)."""
+
+    broker_id: Annotated[OptStr, _unless_none(_check_broker_id)] = None
+    """Unique id of this broker in the registry (etcd key brokers/<broker_id>); letters,
+    digits, '.', '_', ':' and '-'. Empty: not set here, `lbd serve --broker-id` gives it."""
+    auto_ack: bool = False
+    """Acknowledge Own/Release/Close on the broker's behalf when no broker is attached. Only for
+    demos and benchmarks: with it, ownership no longer proves that a broker serves the bundle."""
+    release_ack_timeout_s: Seconds = 10.0
+    """How long a Releasing bundle waits for the broker's acknowledgement before moving on
+    anyway (counted in a metric). Below monitor.inflight_timeout_s, so the sidecar settles its
+    own transfers before the leader treats them as stuck."""
+    advertised_service_url: Annotated[OptStr, _unless_none(_url_check("pulsar", "pulsar+ssl"))] = (
+        None
+    )
+    """The broker's binary-protocol URL (pulsar:// or pulsar+ssl://) handed to clients in lookups.
+    Empty: taken from the broker's Hello. Needed with auto_ack, where no broker says Hello."""
+    advertised_web_url: Annotated[OptStr, _unless_none(_url_check("http", "https"))] = None
+    """The broker's HTTP URL (http:// or https://) handed out in lookups. Empty: from Hello."""
+
+
+class GrpcSettings(Section):
+    """``[grpc]``: the sidecar's gRPC server (LoadBalancer and Admin services, DESIGN §6)."""
+
+    addr: HostPort = "127.0.0.1:7000"
+    """Listen address. Loopback by default: the broker runs beside the sidecar; bind wider only
+    with admin_token set."""
+    advertised_addr: Annotated[OptStr, _unless_none(_check_host_port)] = None
+    """Address other sidecars and `lbd ctl` use to reach this one, stored in the registry.
+    Empty: addr (set it when addr binds 0.0.0.0 or [::])."""
+    admin_token: Annotated[SecretStr | None, BeforeValidator(_blank_to_none)] = None
+    """Bearer token the Admin service requires. Empty: no authentication, acceptable only while
+    addr is loopback. Prefer env LBD_GRPC__ADMIN_TOKEN to keep it out of files."""
+    shutdown_grace_s: Seconds = 5.0
+    """On shutdown, in-flight RPCs get this long to finish before they are cancelled."""
+
+
+class MetricsSettings(Section):
+    """``[metrics]``: the Prometheus endpoint (DESIGN §10)."""
+
+    addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = "127.0.0.1:9464"
+    """Listen address of /metrics (9464 is the OpenTelemetry Prometheus exporter's port).
+    Empty: no metrics endpoint."""
+
+
+class SheddingSettings(Section):
+    """``[shedding]``: the leader's unload scheduler (DESIGN §7); keys as in scenario files."""
+
+    strategy: Literal["transfer_shedder", "threshold_shedder"] = "transfer_shedder"
+    """transfer_shedder is Pulsar's TransferShedder (the extensible load manager's default);
+    threshold_shedder, the old default, is kept for comparison."""
+    interval_s: Seconds = 60.0
+    """How often the leader runs the shedder (Pulsar loadBalancerSheddingIntervalMinutes = 1)."""
+    target_std: float = Field(default=_SHEDDING.target_std, gt=0)
+    """Target standard deviation of broker loads (1.0 = 100%). Smaller balances harder at the
+    cost of more bundle moves."""
+    hit_count_threshold: int = Field(default=_SHEDDING.hit_count_threshold, ge=1)
+    """Consecutive cycles the shedding condition must hold before bundles move, so that a short
+    spike moves nothing."""
+    max_brokers_per_cycle: int = Field(default=_SHEDDING.max_brokers_per_cycle, ge=1)
+    """Broker pairs (or overloaded brokers) handled per cycle; bounds the disruption of a cycle."""
+    cooldown_s: int = Field(default=_SHEDDING.cooldown_s, ge=0)
+    """A broker unloaded less than this before its latest load report is left alone, giving its
+    load time to reflect the move (Pulsar loadBalanceSheddingDelayInSeconds)."""
+    bundle_grace_period_s: int = Field(default=_SHEDDING.bundle_grace_period_s, ge=0)
+    """A bundle unloaded less than this ago is not moved again, preventing ping-pong."""
+    load_data_ttl_s: int = Field(default=_SHEDDING.load_data_ttl_s, gt=0)
+    """Load data older than this is stale: such brokers are left out of load computations
+    (Pulsar loadBalancerBrokerLoadDataTTLInSeconds). At least 2 x load_report.interval_s."""
+    transfer_enabled: bool = _SHEDDING.transfer_enabled
+    """Unload with a pre-assigned destination, so clients go straight to the new owner."""
+    min_throughput_threshold: float = Field(default=_SHEDDING.min_throughput_threshold, ge=0)
+    """In MB/s: below this, a broker's traffic is too small to be worth shedding from."""
+    overloaded_threshold: float = Field(default=_SHEDDING.overloaded_threshold, gt=0)
+    """A broker whose load (0..1) is at or above this is overloaded and always shed from."""
+    threshold_shedder_percentage: float = Field(
+        default=_SHEDDING.threshold_shedder_percentage, ge=0
+    )
+    """threshold_shedder only: shed from brokers this many percentage points above average."""
+    lower_boundary_shedding_enabled: bool = _SHEDDING.lower_boundary_shedding_enabled
+    """threshold_shedder only: also shed to raise brokers far below the average."""
+
+    def to_core(self) -> SheddingConfig:
+        """The core's shedding knobs."""
+        return SheddingConfig(**_core_kwargs(self, SheddingConfig))
+
+
+class SplitSettings(Section):
+    """``[split]``: each sidecar's split scheduler for its own bundles (DESIGN §7)."""
+
+    interval_s: Seconds = 60.0
+    """How often to look for hot bundles (Pulsar loadBalancerSplitIntervalMinutes = 1)."""
+    max_topics: int = Field(default=_SPLIT.max_topics, gt=0)
+    """Split a bundle serving more topics than this."""
+    max_sessions: int = Field(default=_SPLIT.max_sessions, gt=0)
+    """Split a bundle with more producers plus consumers than this."""
+    max_msg_rate: float = Field(default=_SPLIT.max_msg_rate, gt=0)
+    """Split a bundle with more messages/s (in plus out) than this."""
+    max_bandwidth_mb: float = Field(default=_SPLIT.max_bandwidth_mb, gt=0)
+    """Split a bundle with more MB/s (in plus out) than this."""
+    hit_count_threshold: int = Field(default=_SPLIT.hit_count_threshold, gt=0)
+    """Consecutive checks a bundle must be hot before it splits, so a spike splits nothing."""
+    max_bundles_per_namespace: int = Field(default=_SPLIT.max_bundles_per_namespace, gt=0)
+    """No split beyond this many bundles in a namespace (bounds the channel's size)."""
+    max_splits_per_cycle: int = Field(default=_SPLIT.max_splits_per_cycle, gt=0)
+    """Splits per check at most, bounding the churn of one cycle."""
+    algorithm: Annotated[str, AfterValidator(_check_auto_split_algorithm)] = _SPLIT.algorithm
+    """How a hot bundle is divided (DESIGN §2). specified_positions_divide needs explicit
+    boundaries, so it is only available to the Admin Split call."""
+
+    def to_core(self) -> SplitConfig:
+        """The core's split knobs."""
+        return SplitConfig(**_core_kwargs(self, SplitConfig))
+
+
+class AssignmentSettings(Section):
+    """``[assignment]``: how a lookup picks a broker for an unowned bundle (DESIGN §7)."""
+
+    strategy: Literal["least_resource_usage_with_weight"] = "least_resource_usage_with_weight"
+    """The assignment strategy; Pulsar's extensible load manager default is the only one."""
+    max_topics_per_broker: int = Field(default=_ASSIGNMENT.max_topics_per_broker, gt=0)
+    """Brokers serving this many topics or more take no new bundle."""
+    load_margin: float = Field(default=_ASSIGNMENT.load_margin, ge=0)
+    """A broker whose load EMA plus this margin is at most the average counts as "best"."""
+    required_broker_version: OptStr = _ASSIGNMENT.required_broker_version
+    """When set, only brokers reporting this version take new bundles (rolling upgrades).
+    Empty: any version."""
+
+    def to_core(self) -> AssignmentConfig:
+        """The core's assignment knobs."""
+        return AssignmentConfig(**_core_kwargs(self, AssignmentConfig))
+
+
+class MonitorSettings(Section):
+    """``[monitor]``: the leader's ownership monitor (DESIGN §8)."""
+
+    interval_s: Seconds = 60.0
+    """How often the leader sweeps the channel for orphans, stuck and stale states (Pulsar
+    loadBalancerServiceUnitStateMonitorIntervalInSeconds)."""
+    inflight_timeout_s: Seconds = 30.0
+    """An Assigning, Releasing or Splitting state older than this is stuck and gets fixed
+    (Pulsar loadBalancerInFlightServiceUnitStateWaitingTimeInMillis)."""
+    tombstone_after_s: float = Field(default=3600.0, ge=30)
+    """Free and Deleted states older than this are tombstoned. Kept that long so a bundle just
+    deleted by a split does not look free to reassign (Pulsar's minimum is 30 s). Must exceed
+    inflight_timeout_s."""
+    orphan_cleanup_grace_s: Seconds = 60.0
+    """A broker whose registration vanished has its bundles reassigned only after staying away
+    this long; re-registering cancels the cleanup. Must leave room for self-fencing (see
+    etcd.fence_margin_s)."""
+
+
+class CheckpointSettings(Section):
+    """``[checkpoint]``: the leader's snapshots of the channel table (DESIGN §4)."""
+
+    interval_s: Seconds = 300.0
+    """How often the leader writes a checkpoint. A starting sidecar replays at most this much of
+    the channel; more often costs a table write each time."""
+
+
+class LoadReportSettings(Section):
+    """``[load_report]``: what each sidecar publishes about its broker (DESIGN §3)."""
+
+    interval_s: Seconds = 10.0
+    """How often BrokerLoadData and TopBundlesLoadData are published. Reports are read with
+    TTL shedding.load_data_ttl_s, which must be at least twice this."""
+    top_bundles: int = Field(default=10, gt=0)
+    """Bundles per TopBundlesLoadData report, the busiest first (Pulsar
+    loadBalancerMaxNumberOfBundlesInBundleLoadReport)."""
+
+
+class HistorySettings(Section):
+    """``[history]``: load samples and decisions appended as Parquet for analytics."""
+
+    enabled: bool = False
+    """Off by default: history costs disk and is only needed for `lbd analytics`."""
+    uri: str = "lbd-history"
+    """Where the Parquet files go: a directory (relative to the working directory) or a
+    filesystem URI such as s3://bucket/path."""
+    flush_interval_s: Seconds = 60.0
+    """Buffered rows are written at least this often, bounding what a crash loses."""
+    buffer_max_rows: int = Field(default=10000, gt=0)
+    """Rows buffered before an early flush, bounding memory."""
+
+
+class LoggingSettings(Section):
+    """``[logging]``: how lbd logs."""
+
+    level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = "INFO"
+    """Log level; INFO logs every decision once, with its reason."""
+    json_lines: bool = Field(default=False, alias="json")
+    """One JSON object per line instead of text, for log collectors."""
+
+
+class Settings(BaseModel):
+    """All of lbd's settings, one attribute per TOML section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    pulsar: PulsarSettings = Field(default_factory=PulsarSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    grpc: GrpcSettings = Field(default_factory=GrpcSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    shedding: SheddingSettings = Field(default_factory=SheddingSettings)
+    split: SplitSettings = Field(default_factory=SplitSettings)
+    assignment: AssignmentSettings = Field(default_factory=AssignmentSettings)
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    load_report: LoadReportSettings = Field(default_factory=LoadReportSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> Self:
+        # The loader checks these first and reports each at its key; this catches settings
+        # built in code.
+        problems = check_invariants(self)
+        if problems:
+            raise ValueError("; ".join(f"{p.key}: {p.message}" for p in problems))
+        return self
+
+
+def section_models() -> dict[str, type[Section]]:
+    """Section name -> its model, in file order."""
+    out: dict[str, type[Section]] = {}
+    for name, info in Settings.model_fields.items():
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, Section)
+        out[name] = model
+    return out
+
+
+def toml_keys(model: type[Section]) -> dict[str, str]:
+    """A section's TOML keys -> attribute names (they differ only where a key has an alias)."""
+    return {info.alias or name: name for name, info in model.model_fields.items()}
+
+
+def _core_kwargs(section: Section, core: type) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in fields(core)}

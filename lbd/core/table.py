@@ -1,0 +1,209 @@
+"""The materialised state table: the state channel applied in order, one value per bundle.
+
+A reader of the channel may be handed a message twice, or older messages again while catching up
+(DESIGN §1), so the table remembers the position of the last message it applied and refuses any
+position that is not greater. A malformed value is skipped and reported, never raised: one bad
+message must not stall every sidecar behind it, and as every sidecar skips it alike, their tables
+stay identical. Each :meth:`StateTable.apply` returns what happened, old and new value included,
+so a caller can log the decision and feed watchers from it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import ItemsView
+from dataclasses import dataclass
+from typing import Final
+
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BundleId
+from lbd.core.state import (
+    Rule,
+    ServiceUnitStateData,
+    decode_value,
+    from_json_object,
+    resolve,
+    to_json_object,
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ChannelPosition:
+    """Where a message sits in the channel; positions compare in channel order.
+
+    The fields are Pulsar's message id: ledger, entry within the ledger, and index within a
+    batched entry (-1 for a message that was not batched).
+    """
+
+    ledger_id: int
+    entry_id: int
+    batch_index: int = -1
+
+    def __post_init__(self) -> None:
+        for name in ("ledger_id", "entry_id", "batch_index"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidInputError(f"position {name} must be an integer, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}:{self.batch_index}"
+
+    def to_json(self) -> list[int]:
+        """The position as a JSON array ``[ledger_id, entry_id, batch_index]``."""
+        return [self.ledger_id, self.entry_id, self.batch_index]
+
+    @classmethod
+    def from_json(cls, obj: object) -> ChannelPosition:
+        """Read a position written by :meth:`to_json`; InvalidInputError if it is not one."""
+        if not isinstance(obj, list) or len(obj) != 3:
+            raise InvalidInputError(
+                f"position must be an array [ledger_id, entry_id, batch_index], got {obj!r}"
+            )
+        return cls(obj[0], obj[1], obj[2])
+
+
+class Outcome(enum.Enum):
+    """What applying one message did."""
+
+    ACCEPTED = "accepted"
+    """The resolver accepted the value (or tombstone); the table holds it now."""
+    REJECTED = "rejected"
+    """The resolver rejected the value; the table is unchanged."""
+    DUPLICATE = "duplicate"
+    """The position is not after the last applied one; the message was not looked at."""
+    MALFORMED = "malformed"
+    """The value could not be decoded; it was skipped."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """The result of applying one channel message to a :class:`StateTable`."""
+
+    position: ChannelPosition
+    key: BundleId
+    outcome: Outcome
+    reason: str
+    """Why: the resolver's reason, or what is wrong with the value, or the duplicate position."""
+    old: ServiceUnitStateData | None
+    """The bundle's value before the message (None: no value)."""
+    new: ServiceUnitStateData | None
+    """The bundle's value after the message (the same as ``old`` unless accepted)."""
+    proposed: ServiceUnitStateData | None = None
+    """The decoded value the message carried (None for a tombstone, duplicate or malformed)."""
+    rule: Rule | None = None
+    """The resolver rule that decided (accepted and rejected messages only)."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether the bundle's value changed (an accepted write that was not a no-op)."""
+        return self.outcome is Outcome.ACCEPTED and self.old != self.new
+
+
+SNAPSHOT_FORMAT: Final = 1
+"""Version of the :meth:`StateTable.snapshot` form; bumped on incompatible changes."""
+
+
+class StateTable:
+    """Every bundle's current value, as the state channel says up to :attr:`last_position`."""
+
+    def __init__(self) -> None:
+        self._values: dict[BundleId, ServiceUnitStateData] = {}
+        self._last: ChannelPosition | None = None
+        self._highest_term = 0
+
+    @property
+    def last_position(self) -> ChannelPosition | None:
+        """Position of the last message applied (None before the first one)."""
+        return self._last
+
+    @property
+    def highest_term(self) -> int:
+        """Highest leader term carried by an accepted value (0 if none)."""
+        return self._highest_term
+
+    def get(self, bundle: BundleId) -> ServiceUnitStateData | None:
+        """The bundle's current value; None if it has none (it is in Init)."""
+        return self._values.get(bundle)
+
+    def items(self) -> ItemsView[BundleId, ServiceUnitStateData]:
+        """A live read-only view of every bundle that has a value."""
+        return self._values.items()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, bundle: object) -> bool:
+        return bundle in self._values
+
+    def apply(self, position: ChannelPosition, key: BundleId, value: bytes) -> ApplyResult:
+        """Apply the message at ``position`` for bundle ``key`` with raw ``value``.
+
+        Never raises on what the channel carries: a repeated position comes back DUPLICATE and a
+        bad value MALFORMED (both leave the table as it was; a malformed one still advances the
+        position so that it is not looked at again).
+        """
+        old = self._values.get(key)
+        if self._last is not None and position <= self._last:
+            return ApplyResult(
+                position,
+                key,
+                Outcome.DUPLICATE,
+                f"position {position} <= last applied {self._last}",
+                old,
+                old,
+            )
+        self._last = position
+        try:
+            proposed = decode_value(value)
+        except InvalidInputError as e:
+            return ApplyResult(position, key, Outcome.MALFORMED, str(e), old, old)
+        verdict = resolve(old, proposed, highest_term=self._highest_term)
+        if not verdict.accepted:
+            return ApplyResult(
+                position, key, Outcome.REJECTED, verdict.reason, old, old, proposed, verdict.rule
+            )
+        if proposed is None:
+            self._values.pop(key, None)
+        else:
+            self._values[key] = proposed
+            if proposed.leader_term is not None and proposed.leader_term > self._highest_term:
+                self._highest_term = proposed.leader_term
+        return ApplyResult(
+            position, key, Outcome.ACCEPTED, verdict.reason, old, proposed, proposed, verdict.rule
+        )
+
+    def snapshot(self) -> dict[str, object]:
+        """The table as plain JSON-able data (for checkpoints): values, position, highest term."""
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "position": None if self._last is None else self._last.to_json(),
+            "highest_term": self._highest_term,
+            "table": {bundle: to_json_object(data) for bundle, data in self._values.items()},
+        }
+
+    @classmethod
+    def from_snapshot(cls, obj: object) -> StateTable:
+        """Rebuild a table from :meth:`snapshot` output; InvalidInputError naming what is wrong."""
+        if not isinstance(obj, dict):
+            raise InvalidInputError("snapshot must be a JSON object")
+        if obj.get("format") != SNAPSHOT_FORMAT:
+            raise InvalidInputError(
+                f"snapshot format {obj.get('format')!r} is not supported "
+                f"(expected {SNAPSHOT_FORMAT})"
+            )
+        term = obj.get("highest_term")
+        if not isinstance(term, int) or isinstance(term, bool) or term < 0:
+            raise InvalidInputError(f"snapshot highest_term must be an integer >= 0, got {term!r}")
+        values = obj.get("table")
+        if not isinstance(values, dict):
+            raise InvalidInputError("snapshot table must be a JSON object")
+        table = cls()
+        raw_position = obj.get("position")
+        table._last = None if raw_position is None else ChannelPosition.from_json(raw_position)
+        table._highest_term = term
+        for bundle, value in values.items():
+            try:
+                table._values[BundleId(bundle)] = from_json_object(value)
+            except InvalidInputError as e:
+                raise InvalidInputError(f"snapshot table[{bundle!r}]: {e}") from None
+        return table

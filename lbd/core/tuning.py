@@ -1,0 +1,120 @@
+"""Tunable knobs of the core strategies, as plain frozen dataclasses.
+
+The settings layer (:mod:`lbd.config`) builds these from the TOML file, the environment and flags;
+scenario files build :class:`SheddingConfig` from their ``config`` object. Defaults are Pulsar's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from lbd.core.errors import InvalidInputError
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SheddingConfig:
+    """Knobs of the unload (shedding) strategies; the shedding keys of DESIGN §9."""
+
+    target_std: float = 0.25
+    """Target standard deviation of broker loads (``loadBalancerBrokerLoadTargetStd``)."""
+    hit_count_threshold: int = 3
+    """Consecutive cycles over target before shedding (``...SheddingConditionHitCountThreshold``)."""
+    max_brokers_per_cycle: int = 3
+    """Broker pairs (or overloaded brokers) handled per cycle (``...MaxNumberOfBrokerSheddingPerCycle``)."""
+    cooldown_s: int = 180
+    """A broker unloaded less than this before its latest load report is left alone."""
+    bundle_grace_period_s: int = 1800
+    """A bundle unloaded less than this ago is not moved again (``...SheddingGracePeriodMinutes``)."""
+    load_data_ttl_s: int = 1800
+    """Load data older than this is stale (``loadBalancerBrokerLoadDataTTLInSeconds``)."""
+    transfer_enabled: bool = True
+    """Unload with a pre-assigned destination (``loadBalancerTransferEnabled``)."""
+    min_throughput_threshold: float = 10.0
+    """In MB/s: below this a broker's throughput is too small to shed from
+    (``loadBalancerBundleUnloadMinThroughputThreshold``)."""
+    overloaded_threshold: float = 0.85
+    """A broker whose load is at or above this is overloaded (0..1)."""
+    threshold_shedder_percentage: float = 10.0
+    """threshold_shedder only: shed from brokers this many points above the average."""
+    lower_boundary_shedding_enabled: bool = False
+    """threshold_shedder only: also shed to raise brokers far below the average."""
+
+    def __post_init__(self) -> None:
+        errors = self.errors()
+        if errors:
+            raise InvalidInputError("invalid shedding config: " + "; ".join(errors))
+
+    def errors(self) -> list[str]:
+        """Every out-of-range field, as human sentences (empty when valid)."""
+        out: list[str] = []
+        if self.target_std <= 0:
+            out.append(f"target_std must be > 0, got {self.target_std}")
+        if self.hit_count_threshold < 1:
+            out.append(f"hit_count_threshold must be >= 1, got {self.hit_count_threshold}")
+        if self.max_brokers_per_cycle < 1:
+            out.append(f"max_brokers_per_cycle must be >= 1, got {self.max_brokers_per_cycle}")
+        for name in ("cooldown_s", "bundle_grace_period_s", "min_throughput_threshold"):
+            if getattr(self, name) < 0:
+                out.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.load_data_ttl_s <= 0:
+            out.append(f"load_data_ttl_s must be > 0, got {self.load_data_ttl_s}")
+        if not 0 < self.overloaded_threshold:
+            out.append(f"overloaded_threshold must be > 0, got {self.overloaded_threshold}")
+        if self.threshold_shedder_percentage < 0:
+            out.append(
+                f"threshold_shedder_percentage must be >= 0, got {self.threshold_shedder_percentage}"
+            )
+        return out
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The accepted keys, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True, slots=True)
+class SplitConfig:
+    """Knobs of the bundle split decision (Pulsar ``loadBalancerNamespaceBundle*``)."""
+
+    max_topics: int = 1000
+    max_sessions: int = 1000
+    max_msg_rate: float = 30000.0
+    """Messages/s in plus out."""
+    max_bandwidth_mb: float = 100.0
+    """MB/s in plus out."""
+    hit_count_threshold: int = 3
+    max_bundles_per_namespace: int = 128
+    max_splits_per_cycle: int = 10
+    algorithm: str = "range_equally_divide"
+    """Default split algorithm (DESIGN §2)."""
+
+    def __post_init__(self) -> None:
+        bad = [
+            f"{f.name} must be > 0, got {getattr(self, f.name)}"
+            for f in fields(self)
+            if f.name != "algorithm" and getattr(self, f.name) <= 0
+        ]
+        if bad:
+            raise InvalidInputError("invalid split config: " + "; ".join(bad))
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentConfig:
+    """Knobs of bundle assignment (``least_resource_usage_with_weight``)."""
+
+    max_topics_per_broker: int = 50000
+    """Brokers serving this many topics or more take no new bundle."""
+    load_margin: float = 0.10
+    """A broker is "best" when its load EMA + margin <= the average."""
+    required_broker_version: str | None = None
+    """When set, only brokers reporting this version take new bundles."""
+
+    def __post_init__(self) -> None:
+        if self.max_topics_per_broker <= 0:
+            raise InvalidInputError(
+                f"max_topics_per_broker must be > 0, got {self.max_topics_per_broker}"
+            )
+        if self.load_margin < 0:
+            raise InvalidInputError(f"load_margin must be >= 0, got {self.load_margin}")

@@ -1,0 +1,147 @@
+"""The metadata-store port: broker registry, leader election, namespace records, session events.
+
+The real implementation is etcd (:mod:`lbd.adapters.etcd`); keys live under a per-cluster prefix
+(DESIGN §3). Every method raises :class:`~lbd.ports.errors.UnavailableError` when the store cannot be
+reached within the configured request timeout; no other exception means "unavailable".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from lbd.core.ids import BrokerId
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A stored value with the revisions needed for compare-and-swap."""
+
+    value: bytes
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The elected leader and its term (the winner's create revision: grows with every election)."""
+
+    broker: BrokerId
+    term: int
+
+
+class SessionEventKind(enum.Enum):
+    """What happened to this process's session with the store."""
+
+    UNREACHABLE = "unreachable"
+    """A keepalive or request failed: the store is unreachable (safe mode, DESIGN §8)."""
+    REACHABLE = "reachable"
+    """The store answers again and the lease is still alive."""
+    LEASE_LOST = "lease_lost"
+    """The lease expired or was revoked: registration and candidacy under it are gone."""
+    RECONNECTED = "reconnected"
+    """A new lease was granted after LEASE_LOST and the registration was written again."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One session event, with the lease it concerns and the store-side revision when known."""
+
+    kind: SessionEventKind
+    lease_id: int
+    at_monotonic: float
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryEvent:
+    """A broker registration appeared, changed (``value`` set) or vanished (``value`` None)."""
+
+    broker: BrokerId
+    value: bytes | None
+    revision: int
+
+
+class MetadataStore(Protocol):
+    """Broker registry, election and namespace records of one cluster.
+
+    Lifecycle: ``start()`` grants the session lease and starts keeping it alive; ``close()`` revokes
+    it (so registrations vanish at once) and is idempotent.
+    """
+
+    async def start(self) -> None:
+        """Connect, grant the session lease and start refreshing it."""
+        ...
+
+    async def close(self) -> None:
+        """Stop refreshing, revoke the lease (best effort) and disconnect. Idempotent."""
+        ...
+
+    # -- registry ---------------------------------------------------------------------------
+
+    async def register_broker(self, broker: BrokerId, info: bytes) -> None:
+        """Write ``brokers/<broker>`` under the session lease (overwrites; idempotent).
+
+        The registration is re-written by the adapter under the new lease after a
+        ``RECONNECTED`` event, so callers register once.
+        """
+        ...
+
+    async def list_brokers(self) -> tuple[dict[BrokerId, bytes], int]:
+        """Every live registration and the store revision the listing was read at."""
+        ...
+
+    def watch_brokers(self, after_revision: int) -> AsyncIterator[RegistryEvent]:
+        """Registry changes strictly after ``after_revision``, in order, without gaps.
+
+        The iterator survives store restarts and reconnects by resuming from the last revision it
+        delivered; it ends only when the store is closed.
+        """
+        ...
+
+    # -- election ---------------------------------------------------------------------------
+
+    async def campaign(self, candidate: BrokerId) -> Leader:
+        """Put this candidate under the session lease and wait until it is the leader.
+
+        The leader is the candidate whose key has the lowest create revision under the election
+        prefix; the term is that create revision. Returns when this candidate leads.
+        """
+        ...
+
+    async def resign(self) -> None:
+        """Withdraw the candidacy (delete the candidate key). Idempotent."""
+        ...
+
+    async def get_leader(self) -> Leader | None:
+        """The current leader, or None while nobody campaigns."""
+        ...
+
+    def watch_leader(self) -> AsyncIterator[Leader | None]:
+        """The current leader now, then each change of leader."""
+        ...
+
+    # -- namespaces -------------------------------------------------------------------------
+
+    async def get_namespace(self, namespace: str) -> Versioned | None:
+        """The record of ``tenant/namespace``, or None when it does not exist."""
+        ...
+
+    async def list_namespaces(self) -> dict[str, Versioned]:
+        """Every namespace record by ``tenant/namespace``."""
+        ...
+
+    async def put_namespace(self, namespace: str, value: bytes, expected_mod_revision: int) -> int:
+        """Compare-and-swap: write only if the record's mod revision is still the expected one.
+
+        ``expected_mod_revision == 0`` means "create: the record must not exist". Returns the new
+        mod revision; raises :class:`~lbd.ports.errors.CasConflictError` when the record changed.
+        """
+        ...
+
+    # -- session ----------------------------------------------------------------------------
+
+    def session_events(self) -> AsyncIterator[SessionEvent]:
+        """Every session event from now on (each subscriber gets every event)."""
+        ...

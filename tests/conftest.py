@@ -1,0 +1,149 @@
+"""Fixtures shared by all tests: real etcd and pulsar-lite servers, their clients, task-leak checks.
+
+Servers are session-scoped and start only when a test asks for them, so unit tests never pay for
+them. A test that disturbs a server (freeze, kill, restart) takes a ``private_*`` server of its own,
+so the shared ones stay healthy for everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import aetcd
+import pulsar
+import pulsar.asyncio
+import pytest
+from pytest_asyncio import is_async_test
+
+from lbd.devcluster import EtcdServer, PulsarLiteServer
+
+CLIENT_TIMEOUT_S = 5
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One etcd for the whole session; tests separate their keys with ``etcd_prefix``."""
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pulsar_server() -> Iterator[PulsarLiteServer]:
+    """One pulsar-lite for the whole session; tests separate their topics with ``pulsar_topic``."""
+    with PulsarLiteServer() as server:
+        yield server
+
+
+@pytest.fixture
+def private_etcd_server() -> Iterator[EtcdServer]:
+    """An etcd of this test's own, free to be frozen, killed or restarted."""
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def private_pulsar_server() -> Iterator[PulsarLiteServer]:
+    """A pulsar-lite of this test's own, free to be frozen, killed or restarted."""
+    with PulsarLiteServer() as server:
+        yield server
+
+
+@pytest.fixture
+def etcd_prefix() -> bytes:
+    """A key prefix no other test uses, ending in ``/``."""
+    return f"/lbd-test/{uuid.uuid4().hex}/".encode()
+
+
+EtcdClientFactory = Callable[..., aetcd.Client]
+PulsarClientFactory = Callable[[PulsarLiteServer], pulsar.asyncio.Client]
+
+
+@pytest.fixture
+async def etcd_clients() -> AsyncIterator[EtcdClientFactory]:
+    """Make aetcd clients of any server (they connect on first use); all are closed after."""
+    clients: list[aetcd.Client] = []
+
+    def make(server: EtcdServer, timeout_s: float = CLIENT_TIMEOUT_S) -> aetcd.Client:
+        client = aetcd.Client(server.host, server.port, timeout=timeout_s)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def etcd_client(
+    etcd_server: EtcdServer, etcd_prefix: bytes, etcd_clients: EtcdClientFactory
+) -> AsyncIterator[aetcd.Client]:
+    """A client of the shared etcd; the test's prefix is deleted afterwards."""
+    client = etcd_clients(etcd_server)
+    yield client
+    await client.delete_prefix(etcd_prefix)
+
+
+@pytest.fixture
+def pulsar_topic() -> str:
+    """A persistent topic name no other test uses."""
+    return f"persistent://public/default/lbd-test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def pulsar_clients() -> AsyncIterator[PulsarClientFactory]:
+    """Make asyncio Pulsar clients of any server; all (with their producers/readers) closed after.
+
+    Timeouts are short, and the C++ client logs through Python logging, so pytest shows its log
+    with a failing test instead of printing it to the terminal.
+    """
+    clients: list[pulsar.asyncio.Client] = []
+
+    def make(server: PulsarLiteServer) -> pulsar.asyncio.Client:
+        client = pulsar.asyncio.Client(
+            server.service_url,
+            operation_timeout_seconds=CLIENT_TIMEOUT_S,
+            connection_timeout_ms=CLIENT_TIMEOUT_S * 1000,
+            logger=logging.getLogger("pulsar"),
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+def pulsar_client(
+    pulsar_server: PulsarLiteServer, pulsar_clients: PulsarClientFactory
+) -> pulsar.asyncio.Client:
+    """An asyncio client of the shared pulsar-lite."""
+    return pulsar_clients(pulsar_server)
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_leaked_tasks(request: pytest.FixtureRequest) -> None:
+    """Check async tests for leaked tasks; sync tests have no loop to check."""
+    # Requested from an autouse fixture so that it is set up before, and torn down after, every
+    # fixture the test asks for: tasks those fixtures own are stopped by the time it looks.
+    if is_async_test(request.node):
+        request.getfixturevalue("_no_leaked_tasks")
+
+
+@pytest.fixture
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail the test if tasks it (or its fixtures) started still run after their teardown."""
+    before = asyncio.all_tasks()
+    yield
+    # Tasks cancelled or finished in the last step need a few loop turns to be marked done.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    leaked = asyncio.all_tasks() - before - {asyncio.current_task()}
+    if leaked:
+        described = sorted(map(repr, leaked))
+        for task in leaked:
+            task.cancel()
+        pytest.fail(f"the test left {len(leaked)} asyncio task(s) running: {described}")
