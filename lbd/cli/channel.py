@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from lbd.core.errors import InvalidInputError
@@ -29,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="offline tools over the state channel",
         description="Offline tools over the state channel.",
     )
-    verbs = parser.add_subparsers(dest="channel_command", metavar="VERB", required=True)
+    verbs = parser.add_subparsers(dest="channel_command", required=True)
     _register_replay(verbs)
 
 
@@ -57,15 +56,6 @@ def _register_replay(verbs: argparse._SubParsersAction[argparse.ArgumentParser])
     replay.set_defaults(func=run_replay)
 
 
-@dataclass(frozen=True, slots=True)
-class _Line:
-    """One parsed line of a channel file: the bundle and the raw channel value."""
-
-    number: int
-    key: BundleId
-    value: bytes
-
-
 def run_replay(args: argparse.Namespace) -> int:
     """Replay ``args.file`` and print the table; InvalidInputError on malformed lines."""
     path: Path = args.file
@@ -75,16 +65,16 @@ def run_replay(args: argparse.Namespace) -> int:
         if not raw.strip():
             continue
         try:
-            line = _parse_line(number, raw)
+            key, value = _parse_line(raw)
         except InvalidInputError as e:
             problems.append(f"line {number}: {e}")
             continue
-        result = table.apply(ChannelPosition(_LEDGER, line.number), line.key, line.value)
+        result = table.apply(ChannelPosition(_LEDGER, number), key, value)
         if result.outcome is Outcome.MALFORMED:
             problems.append(f"line {number}: {result.reason}")
         elif args.explain:
             print(
-                f"line {number}: {line.key}: {result.outcome.value}: {result.reason}",
+                f"line {number}: {key}: {result.outcome.value}: {result.reason}",
                 file=sys.stderr,
             )
     if problems and not args.skip_malformed:
@@ -100,7 +90,8 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_line(number: int, raw: bytes) -> _Line:
+def _parse_line(raw: bytes) -> tuple[BundleId, bytes]:
+    """The bundle and the raw channel value of one line of a channel file."""
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -115,5 +106,4 @@ def _parse_line(number: int, raw: bytes) -> _Line:
     value = obj["value"]
     # The table decodes the value exactly as a sidecar reads it from the channel, and reports
     # a malformed one; only null (the tombstone) needs translating.
-    raw_value = TOMBSTONE if value is None else json.dumps(value).encode()
-    return _Line(number, BundleId(key), raw_value)
+    return BundleId(key), TOMBSTONE if value is None else json.dumps(value).encode()

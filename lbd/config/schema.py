@@ -294,7 +294,7 @@ class SheddingSettings(Section):
     target_std: float = Field(default=_SHEDDING.target_std, gt=0)
     """Target standard deviation of broker loads (1.0 = 100%). Smaller balances harder at the
     cost of more bundle moves."""
-    hit_count_threshold: int = Field(default=_SHEDDING.hit_count_threshold, ge=1)
+    hit_count_threshold: int = Field(default=_SHEDDING.hit_count_threshold, ge=0)
     """Consecutive cycles the shedding condition must hold before bundles move, so that a short
     spike moves nothing."""
     max_brokers_per_cycle: int = Field(default=_SHEDDING.max_brokers_per_cycle, ge=1)

@@ -20,13 +20,16 @@ class SheddingConfig:
     target_std: float = 0.25
     """Target standard deviation of broker loads (``loadBalancerBrokerLoadTargetStd``)."""
     hit_count_threshold: int = 3
-    """Consecutive cycles over target before shedding (``...SheddingConditionHitCountThreshold``)."""
+    """Shed once the condition held more than this many cycles in a row (Pulsar's
+    ``loadBalancerSheddingConditionHitCountThreshold``: 3 sheds on the 4th cycle, 0 at once)."""
     max_brokers_per_cycle: int = 3
-    """Broker pairs (or overloaded brokers) handled per cycle (``...MaxNumberOfBrokerSheddingPerCycle``)."""
+    """Broker pairs (or overloaded brokers) handled per cycle
+    (``loadBalancerMaxNumberOfBrokerSheddingPerCycle``)."""
     cooldown_s: int = 180
     """A broker unloaded less than this before its latest load report is left alone."""
     bundle_grace_period_s: int = 1800
-    """A bundle unloaded less than this ago is not moved again (``...SheddingGracePeriodMinutes``)."""
+    """A bundle unloaded less than this ago is not moved again
+    (``loadBalancerSheddingGracePeriodMinutes``, in seconds here)."""
     load_data_ttl_s: int = 1800
     """Load data older than this is stale (``loadBalancerBrokerLoadDataTTLInSeconds``)."""
     transfer_enabled: bool = True
@@ -51,8 +54,8 @@ class SheddingConfig:
         out: list[str] = []
         if self.target_std <= 0:
             out.append(f"target_std must be > 0, got {self.target_std}")
-        if self.hit_count_threshold < 1:
-            out.append(f"hit_count_threshold must be >= 1, got {self.hit_count_threshold}")
+        if self.hit_count_threshold < 0:
+            out.append(f"hit_count_threshold must be >= 0, got {self.hit_count_threshold}")
         if self.max_brokers_per_cycle < 1:
             out.append(f"max_brokers_per_cycle must be >= 1, got {self.max_brokers_per_cycle}")
         for name in ("cooldown_s", "bundle_grace_period_s", "min_throughput_threshold"):
@@ -60,7 +63,7 @@ class SheddingConfig:
                 out.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.load_data_ttl_s <= 0:
             out.append(f"load_data_ttl_s must be > 0, got {self.load_data_ttl_s}")
-        if not 0 < self.overloaded_threshold:
+        if self.overloaded_threshold <= 0:
             out.append(f"overloaded_threshold must be > 0, got {self.overloaded_threshold}")
         if self.threshold_shedder_percentage < 0:
             out.append(

@@ -1,22 +1,42 @@
 """The channel-log port: the ordered, keyed log every sidecar reads (the state channel).
 
-The real implementation is a persistent Pulsar topic (:mod:`lbd.adapters.pulsar`). Delivery is
-at-least-once: a follower may see a message again (after a reconnect, or on pulsar-lite's catch-up);
-callers drop any message whose position is not greater than the last one they applied.
+The real implementation is a persistent Pulsar topic (:mod:`lbd.adapters.pulsar_channel`); the
+in-memory twin is :mod:`lbd.adapters.memory.channel`. Delivery is at-least-once: a follower may see
+a message again (after a reconnect, or on pulsar-lite's catch-up); callers drop any message whose
+position is not greater than the last one they applied.
+
+Keys starting with :data:`RESERVED_KEY_PREFIX` belong to the log itself (the Pulsar adapter writes
+a bootstrap marker into a never-written topic): :meth:`ChannelLog.publish` refuses them and readers
+never yield them, though such a message still occupies a position.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
+from lbd.core.errors import InvalidInputError
 from lbd.core.table import ChannelPosition
+
+RESERVED_KEY_PREFIX: Final = "__lbd_"
+"""Prefix of the keys the log writes for itself; never a bundle id (those start with a tenant)."""
+
+
+def check_publishable_key(key: str) -> None:
+    """Raise :class:`InvalidInputError` unless ``key`` is publishable: non-empty, not reserved."""
+    if not key:
+        raise InvalidInputError("a channel message needs a non-empty key")
+    if key.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidInputError(
+            f"channel key {key!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} "
+            "belong to the channel itself"
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class ChannelMessage:
-    """One message of the log: its position, key (a bundle id, or a bootstrap key) and value."""
+    """One message of the log: its position, key (a bundle id) and value (empty: a tombstone)."""
 
     position: ChannelPosition
     key: str
@@ -24,13 +44,18 @@ class ChannelMessage:
 
 
 class ChannelLog(Protocol):
-    """Publish keyed messages; follow the log in order from a position."""
+    """Publish keyed messages; follow the log in order from a position.
+
+    Every method raises :class:`~lbd.ports.errors.UnavailableError` (and no other exception) when
+    the log cannot be reached, except :meth:`follow`, which waits for the log to come back.
+    """
 
     async def publish(self, key: str, value: bytes) -> ChannelPosition:
         """Append one message and return its position once the log has persisted it.
 
         Raises :class:`~lbd.ports.errors.UnavailableError` when the log cannot be reached; the
         message may or may not have been appended then (the resolver makes a repeat harmless).
+        Raises :class:`~lbd.core.errors.InvalidInputError` for an empty or reserved key.
         """
         ...
 
@@ -39,9 +64,20 @@ class ChannelLog(Protocol):
 
         Never ends on its own: it waits for new messages, and resumes after outages of the log
         (from the last position it delivered). May deliver a position again; never skips one.
+        It ends (without error) when the log is closed. Close the iterator when done with it
+        (``contextlib.aclosing``) so its reader is released at once.
+        """
+        ...
+
+    def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+        """Every message strictly after ``after`` that the log held at the call, then the end.
+
+        For a starting sidecar (apply everything up to now before serving) and for offline dumps.
+        Raises :class:`~lbd.ports.errors.UnavailableError` if the log cannot be reached or stops
+        answering partway; delivers each position at most once.
         """
         ...
 
     async def close(self) -> None:
-        """Release producers and readers. Idempotent."""
+        """Release producers and readers; running :meth:`follow` iterators end. Idempotent."""
         ...

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from lbd.core.errors import LbdError
 from lbd.core.table import ChannelPosition
+
+
+class CorruptCheckpointError(LbdError):
+    """The stored checkpoint is unreadable (a missing part, a hash mismatch, a bad manifest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,16 @@ class StoredCheckpoint:
     """The term of the leader that wrote it."""
     body: bytes
     """The encoded table (the store does not look inside)."""
+
+
+def supersedes(new: StoredCheckpoint, old: StoredCheckpoint) -> bool:
+    """Whether ``new`` may replace ``old`` (the rule of :meth:`CheckpointStore.save`).
+
+    Only ``position`` and ``leader_term`` are compared; the bodies are not looked at.
+    """
+    if new.leader_term != old.leader_term:
+        return new.leader_term > old.leader_term
+    return new.position > old.position
 
 
 class CheckpointStore(Protocol):
@@ -41,5 +56,8 @@ class CheckpointStore(Protocol):
         ...
 
     async def load(self) -> StoredCheckpoint | None:
-        """The newest checkpoint, or None when none was ever saved."""
+        """The newest checkpoint, or None when none was ever saved.
+
+        Raises :class:`CorruptCheckpointError` when it exists but cannot be read back whole.
+        """
         ...

@@ -20,3 +20,8 @@ class CasConflictError(PreconditionError):
         self.actual = actual
         now = "absent" if actual is None else f"at revision {actual}"
         super().__init__(f"{key}: expected revision {expected}, but it is {now}")
+
+
+class SessionExpiredError(LbdError):
+    """The metadata session ended for good: the lease was lost and, by the configured policy
+    (``etcd.session_expired_policy = shutdown``), not replaced. The daemon must stop."""

@@ -9,15 +9,34 @@ class LoadStore(Protocol):
     """Keyed values where only the latest per key matters and old ones expire.
 
     The real implementation is a non-persistent Pulsar topic read by every interested sidecar; a
-    value is not durable: after a restart, the store is empty until publishers publish again.
+    value is not durable: after a restart, the store is empty until publishers publish again, and a
+    store receives only what is published after its :meth:`start`. An empty value is a tombstone.
     """
 
+    async def start(self) -> None:
+        """Subscribe and keep receiving in the background (resubscribing after outages).
+
+        Returns once subscribed. Raises :class:`~lbd.ports.errors.UnavailableError` if the store
+        cannot be reached; nothing is left running then, and ``start`` may be called again.
+        Publishing does not need ``start``: a publish-only store never calls it.
+        """
+        ...
+
     async def publish(self, key: str, value: bytes) -> None:
-        """Publish the latest value for ``key`` (fire-and-forget delivery to current readers)."""
+        """Publish the latest value for ``key`` (fire-and-forget delivery to current readers).
+
+        Raises :class:`~lbd.ports.errors.UnavailableError` when the store cannot be reached, and
+        :class:`~lbd.core.errors.InvalidInputError` for an empty key or an empty value (use
+        :meth:`delete`).
+        """
         ...
 
     def latest(self, now_ms: int, ttl_ms: int) -> dict[str, bytes]:
-        """The latest value of every key received less than ``ttl_ms`` before ``now_ms``."""
+        """The latest value of every key received less than ``ttl_ms`` before ``now_ms``.
+
+        Keys whose latest message was a tombstone are absent. Receive times come from the clock
+        the store was built with.
+        """
         ...
 
     async def delete(self, key: str) -> None:

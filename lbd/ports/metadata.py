@@ -70,12 +70,21 @@ class MetadataStore(Protocol):
     it (so registrations vanish at once) and is idempotent.
     """
 
+    @property
+    def last_renewed_monotonic(self) -> float:
+        """Clock-monotonic time at which the last successful lease renewal (or grant) was SENT.
+
+        Self-fencing (DESIGN §8) compares ``now - last_renewed_monotonic`` with
+        ``etcd.fence_after_s``: the lease can live at most its TTL after that send.
+        """
+        ...
+
     async def start(self) -> None:
         """Connect, grant the session lease and start refreshing it."""
         ...
 
     async def close(self) -> None:
-        """Stop refreshing, revoke the lease (best effort) and disconnect. Idempotent."""
+        """Stop refreshing, revoke the lease (best effort), end every iterator. Idempotent."""
         ...
 
     # -- registry ---------------------------------------------------------------------------
@@ -96,7 +105,9 @@ class MetadataStore(Protocol):
         """Registry changes strictly after ``after_revision``, in order, without gaps.
 
         The iterator survives store restarts and reconnects by resuming from the last revision it
-        delivered; it ends only when the store is closed.
+        delivered; it ends only when the store is closed. If the store compacted the revisions it
+        needs, it lists the registry again and emits the differences from what it had delivered
+        (one event per changed broker, at the listing's revision).
         """
         ...
 
@@ -106,7 +117,11 @@ class MetadataStore(Protocol):
         """Put this candidate under the session lease and wait until it is the leader.
 
         The leader is the candidate whose key has the lowest create revision under the election
-        prefix; the term is that create revision. Returns when this candidate leads.
+        prefix; the term is that create revision. Returns when this candidate leads. After a
+        lease loss the adapter re-writes the candidacy under the new lease (at the back of the
+        queue) and a waiting ``campaign`` keeps waiting on it. Raises
+        :class:`~lbd.ports.errors.UnavailableError` when the store fails while waiting (call again),
+        and :class:`~lbd.core.errors.PreconditionError` if :meth:`resign` ran meanwhile.
         """
         ...
 
@@ -119,7 +134,10 @@ class MetadataStore(Protocol):
         ...
 
     def watch_leader(self) -> AsyncIterator[Leader | None]:
-        """The current leader now, then each change of leader."""
+        """The current leader now, then each change of leader (broker or term).
+
+        Survives outages like :meth:`watch_brokers`; ends when the store is closed.
+        """
         ...
 
     # -- namespaces -------------------------------------------------------------------------
@@ -143,5 +161,12 @@ class MetadataStore(Protocol):
     # -- session ----------------------------------------------------------------------------
 
     def session_events(self) -> AsyncIterator[SessionEvent]:
-        """Every session event from now on (each subscriber gets every event)."""
+        """Every session event from the moment of this call on (each subscriber gets every event).
+
+        Events of one outage come in this order: ``UNREACHABLE`` (once), then ``REACHABLE`` if the
+        lease survived, or ``LEASE_LOST`` then ``RECONNECTED`` (which also ends the outage). The
+        iterator ends when the store is closed; it raises
+        :class:`~lbd.ports.errors.SessionExpiredError` after the last event when the session ended
+        for good (policy ``shutdown``), so a task consuming it dies loudly.
+        """
         ...

@@ -38,7 +38,7 @@ def write(tmp_path: Path, doc: object) -> str:
 def small_doc(**changes: object) -> dict[str, object]:
     """Two brokers far apart, two bundles each; sheds on the first cycle."""
     doc: dict[str, object] = {
-        "config": {"hit_count_threshold": 1, "min_throughput_threshold": 0},
+        "config": {"hit_count_threshold": 0, "min_throughput_threshold": 0},
         "now_ms": NOW,
         "brokers": {
             "b1": {"max_ema": 0.1, "msg_throughput_ema": 2e6, "updated_at_ms": NOW},

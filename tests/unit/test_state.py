@@ -160,7 +160,9 @@ def test_version_gap_is_accepted_without_checks(cur_name: str, to: S, step: int)
 @pytest.mark.parametrize(("cur_name", "to"), [p for p in PAIRS if p[0] != "none"])
 @pytest.mark.parametrize("step", [0, -1, -CUR_VERSION])
 @pytest.mark.parametrize("force", [False, True])
-def test_version_not_above_current_is_rejected(cur_name: str, to: S, step: int, force: bool) -> None:
+def test_version_not_above_current_is_rejected(
+    cur_name: str, to: S, step: int, force: bool
+) -> None:
     cur = CURRENT[cur_name]
     new = next_value(cur, to, version_after(cur, step), force=force)
     verdict = resolve(cur, new, highest_term=0)
@@ -365,8 +367,13 @@ def test_tombstone_codec() -> None:
 
 def test_lenient_reading() -> None:
     raw = json.dumps(
-        {"state": "Owned", "version_id": 2, "dst_broker": "a:8080", "source_broker": " ",
-         "newer_field": [1]}
+        {
+            "state": "Owned",
+            "version_id": 2,
+            "dst_broker": "a:8080",
+            "source_broker": " ",
+            "newer_field": [1],
+        }
     ).encode()
     value = decode_value(raw)
     assert value == ServiceUnitStateData(state=S.Owned, version_id=2, dst_broker=A)

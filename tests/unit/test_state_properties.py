@@ -75,7 +75,7 @@ def plausible_step(draw: st.DrawFn, cur: ServiceUnitStateData | None) -> Service
         dst, src = None, cur.dst_broker if cur else None
     elif (src_state, to) == (S.Free, S.Assigning) or cur is None:
         dst, src = draw(st.sampled_from(BROKERS)), None
-    if draw(st.integers(0, 9)) == 0:
+    if to not in allowed or draw(st.integers(0, 9)) == 0:
         # Now and then a broker that may fail the checks.
         dst = draw(maybe_broker)
     return _make(to, version, dst, src, False, None)

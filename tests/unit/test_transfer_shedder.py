@@ -33,7 +33,7 @@ from lbd.core.tuning import SheddingConfig
 NOW = 1_700_000_000_000
 OVERLOADED = DecisionReason.OVERLOADED
 UNDERLOADED = DecisionReason.UNDERLOADED
-BASE = SheddingConfig(hit_count_threshold=1, min_throughput_threshold=0)
+BASE = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0)
 
 B1, B2, B3, B4, B5 = (BrokerId(f"broker{i}:8080") for i in range(1, 6))
 
@@ -370,10 +370,10 @@ def test_loads_over_100_percent() -> None:
 # -- hit count and pairs ---------------------------------------------------------------------
 
 
-def test_the_condition_must_hold_hit_count_threshold_cycles_in_a_row() -> None:
+def test_the_condition_must_hold_more_than_hit_count_threshold_cycles_in_a_row() -> None:
     config = replace(BASE, hit_count_threshold=3)
     state = ShedderState()
-    for expected_count in (1, 2):
+    for expected_count in (1, 2, 3):
         result, state = shed(setup_snapshot(), config, state)
         assert result.skip_reason is SkipReason.HIT_COUNT
         assert state == ShedderState(hit_count=expected_count)
@@ -385,7 +385,7 @@ def test_the_condition_must_hold_hit_count_threshold_cycles_in_a_row() -> None:
 def test_a_balanced_cycle_resets_the_hit_count() -> None:
     config = replace(BASE, hit_count_threshold=3)
     balanced = with_brokers(setup_snapshot(), broker4=broker(0.05, 8e6), broker5=broker(0.05, 9e6))
-    _, state = shed(setup_snapshot(), config, ShedderState(hit_count=2))
+    _, state = shed(setup_snapshot(), config, ShedderState(hit_count=3))
     assert state == ShedderState(hit_count=0)  # it shed
     _, state = shed(balanced, config, ShedderState(hit_count=2))
     assert state == ShedderState(hit_count=0)
@@ -587,7 +587,7 @@ def snapshots(draw: st.DrawFn) -> LoadSnapshot:
 configs = st.builds(
     SheddingConfig,
     target_std=st.sampled_from([0.05, 0.1, 0.25]),
-    hit_count_threshold=st.just(1),
+    hit_count_threshold=st.just(0),
     max_brokers_per_cycle=st.integers(min_value=1, max_value=3),
     transfer_enabled=st.booleans(),
     min_throughput_threshold=st.sampled_from([0.0, 1.0]),

@@ -8,8 +8,9 @@ One cycle:
 1. Load data older than ``load_data_ttl_s`` is ignored; a broker cooling down after an unload, no
    usable data, or a broker with no data at all ends the cycle (:func:`usable_load`).
 2. The shedding condition: the std is over target, or the least loaded broker is *underloaded*, or
-   the most loaded one is *overloaded*. It must hold ``hit_count_threshold`` cycles in a row (the
-   count is the carried :class:`ShedderState`) before anything moves.
+   the most loaded one is *overloaded*. As in Pulsar, it must hold more than
+   ``hit_count_threshold`` cycles in a row (the count is the carried :class:`ShedderState`) before
+   anything moves: with the default 3, the fourth cycle in a row sheds; 0 sheds at once.
 3. Brokers are sorted by load. The most loaded broker is paired with the least loaded one, up to
    ``max_brokers_per_cycle`` pairs, while the projected std is still over target or the pair still
    has an underloaded or overloaded member. Each pair moves about half its load difference: the load
@@ -25,8 +26,7 @@ One cycle:
 Where this differs from Pulsar's code, on purpose: the gain of a swap is always counted (Pulsar
 counts it only in debug mode); the destination of a swap keeps at least one bundle and gives no
 bundle in its grace period; the overloaded rule fires at ``load >= overloaded_threshold`` (and,
-as in Pulsar, ``load > avg + target_std``); ``hit_count_threshold`` counts the cycle that sheds
-(ours ``N`` is Pulsar's ``N - 1``); equally loaded brokers are ordered by the given
+as in Pulsar, ``load > avg + target_std``); equally loaded brokers are ordered by the given
 ``random.Random`` rather than by hash-map order; ``min_throughput_threshold`` applies here too.
 """
 
@@ -68,7 +68,7 @@ def transfer_shed(
         return _skip(usable.skip_reason, usable), state
     cycle = _Cycle(snapshot, config, usable, now_ms, rng)
     hit_count = state.hit_count + 1 if cycle.condition_holds() else 0
-    if hit_count < config.hit_count_threshold:
+    if hit_count <= config.hit_count_threshold:
         return _skip(SkipReason.HIT_COUNT, usable), ShedderState(hit_count=hit_count)
     decisions = cycle.run()
     if not decisions:

@@ -1,0 +1,1 @@
+"""Benchmarks: ``make bench`` (``python -m bench``) runs them and prints one table."""

@@ -1,0 +1,80 @@
+"""Clocks implementing :class:`lbd.ports.clock.Clock`: the real one and a manual one for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+
+
+class SystemClock:
+    """The host's clocks: ``time.time`` for wall milliseconds, ``time.monotonic``, asyncio sleep."""
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds since the epoch."""
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> float:
+        """``time.monotonic()``."""
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """``asyncio.sleep(seconds)``."""
+        await asyncio.sleep(seconds)
+
+
+class ManualClock:
+    """A clock that moves only when told to: tests and the simulator drive time explicitly.
+
+    :meth:`sleep` returns once :meth:`advance` has moved the clock past its deadline. Wall time and
+    monotonic time move together.
+    """
+
+    def __init__(self, start_ms: int = 1_700_000_000_000, start_monotonic: float = 1000.0) -> None:
+        self._wall_offset_ms = start_ms - round(start_monotonic * 1000)
+        self._now = start_monotonic
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now_ms(self) -> int:
+        """Wall milliseconds, moving with :meth:`monotonic`."""
+        return self._wall_offset_ms + round(self._now * 1000)
+
+    def monotonic(self) -> float:
+        """The manual time in seconds."""
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait until the clock has been advanced by ``seconds`` (at least one loop turn)."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
+        await future
+
+    @property
+    def sleepers(self) -> int:
+        """How many sleeps are pending (lets a test wait until a task has gone to sleep)."""
+        return sum(1 for _, _, f in self._sleepers if not f.done())
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleep whose deadline has passed."""
+        if seconds < 0:
+            raise ValueError(f"a clock cannot go back: advance({seconds})")
+        self._now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+    async def run_for(self, seconds: float, step: float = 0.05) -> None:
+        """Advance ``seconds`` in steps, letting woken tasks run between steps."""
+        remaining = seconds
+        while remaining > 0:
+            delta = min(step, remaining)
+            self.advance(delta)
+            remaining -= delta
+            for _ in range(5):
+                await asyncio.sleep(0)

@@ -1,0 +1,163 @@
+"""The in-memory twin of the state channel: one :class:`MemoryLog` shared by several clients.
+
+Each :class:`MemoryChannelLog` plays one sidecar's Pulsar client on the shared log. Delivery is
+deterministic: no threads, no timers. Tests inject what the real log does to its readers: an outage
+(:meth:`MemoryLog.go_down`: publishing fails, followers wait, catch-ups fail) and repeated
+deliveries (:meth:`MemoryLog.redeliver`), which callers must drop by position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from lbd.core.table import ChannelPosition
+from lbd.ports.channel import ChannelMessage, check_publishable_key
+from lbd.ports.errors import UnavailableError
+
+
+@dataclass(eq=False, slots=True)
+class _FollowerState:
+    """What :meth:`MemoryLog.redeliver` asks of one running follower."""
+
+    rewind: int = 0
+
+
+class MemoryLog:
+    """An ordered log in memory; positions are ``(ledger_id, 0, -1)``, ``(ledger_id, 1, -1)``..."""
+
+    def __init__(self, ledger_id: int = 0) -> None:
+        self._ledger_id = ledger_id
+        self._messages: list[ChannelMessage] = []
+        self._available = True
+        self._changed = asyncio.Event()
+        self._followers: set[_FollowerState] = set()
+
+    @property
+    def messages(self) -> tuple[ChannelMessage, ...]:
+        """Every message appended so far, in order."""
+        return tuple(self._messages)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @property
+    def available(self) -> bool:
+        """Whether the log answers (False between :meth:`go_down` and :meth:`come_back`)."""
+        return self._available
+
+    def go_down(self) -> None:
+        """Start an outage: publishing and catching up fail, followers wait."""
+        self._available = False
+        self._notify()
+
+    def come_back(self) -> None:
+        """End the outage: followers resume where they were."""
+        self._available = True
+        self._notify()
+
+    def redeliver(self, count: int) -> None:
+        """Make every running follower deliver its last ``count`` messages again, next."""
+        if count < 1:
+            raise ValueError(f"redeliver count must be >= 1, got {count}")
+        for follower in self._followers:
+            follower.rewind = max(follower.rewind, count)
+        self._notify()
+
+    def append(self, key: str, value: bytes) -> ChannelPosition:
+        """Append without the client-side checks (for the clients of this module)."""
+        if not self._available:
+            raise UnavailableError("the in-memory channel is down")
+        position = ChannelPosition(self._ledger_id, len(self._messages))
+        self._messages.append(ChannelMessage(position, key, value))
+        self._notify()
+        return position
+
+    def index_after(self, after: ChannelPosition | None) -> int:
+        """Index of the first message whose position is greater than ``after``."""
+        if after is None:
+            return 0
+        return bisect.bisect_right(self._messages, after, key=lambda m: m.position)
+
+    # Used by the clients of this module only.
+
+    def _message_at(self, index: int) -> ChannelMessage | None:
+        return self._messages[index] if index < len(self._messages) else None
+
+    def _notify(self) -> None:
+        # Waiters hold the old event; a fresh one collects the next round of waiters.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+class MemoryChannelLog:
+    """One client of a :class:`MemoryLog` (the :class:`~lbd.ports.channel.ChannelLog` port)."""
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+        self._closed = False
+
+    @property
+    def log(self) -> MemoryLog:
+        """The shared log this client reads and writes."""
+        return self._log
+
+    async def publish(self, key: str, value: bytes) -> ChannelPosition:
+        """Append ``value`` under ``key``; its position (see the port)."""
+        check_publishable_key(key)
+        self._check_open()
+        # A suspension point, as a real send has: concurrent publishers interleave.
+        await asyncio.sleep(0)
+        self._check_open()
+        return self._log.append(key, value)
+
+    async def follow(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+        """Every message after ``after``, in order, until closed (see the port)."""
+        state = _FollowerState()
+        log = self._log
+        first = next_index = log.index_after(after)
+        log._followers.add(state)
+        try:
+            while not self._closed:
+                changed = log._changed
+                if log.available:
+                    if state.rewind:
+                        next_index = max(first, next_index - state.rewind)
+                        state.rewind = 0
+                    message = log._message_at(next_index)
+                    if message is not None:
+                        next_index += 1
+                        yield message
+                        continue
+                await changed.wait()
+        finally:
+            log._followers.discard(state)
+
+    async def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+        """Every message after ``after`` up to the end of the log now, then end (see the port)."""
+        self._check_open()
+        self._check_available()
+        end = len(self._log)
+        for index in range(self._log.index_after(after), end):
+            message = self._log._message_at(index)
+            assert message is not None  # the log only grows
+            yield message
+            await asyncio.sleep(0)
+            self._check_open()
+            self._check_available()
+
+    async def close(self) -> None:
+        """Close this client; its followers end. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._log._notify()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UnavailableError("the in-memory channel client is closed")
+
+    def _check_available(self) -> None:
+        if not self._log.available:
+            raise UnavailableError("the in-memory channel is down")

@@ -1,0 +1,333 @@
+"""The state channel on a persistent Pulsar topic (the :class:`~lbd.ports.channel.ChannelLog` port).
+
+Publishing uses one unbatched producer keyed by bundle id, so every message has its own entry and
+its position is known once the broker persisted it.
+
+Following uses readers only (a second exclusive consumer drops pulsar-lite's whole connection). A
+reader starts strictly after the last delivered position by passing that ``MessageId`` to
+``create_reader`` (works on pulsar-lite as on Pulsar; ``seek`` does not, so a reader is never
+moved, only replaced). Every delivered position is remembered and anything not past it is dropped:
+pulsar-lite repeats messages on catch-up, and Pulsar is at-least-once too. Three ways a reader
+could lose messages are guarded against:
+
+- a cancelled ``read_next``: the client still completes it with the next message, which is then
+  lost to the reader; so a read is never abandoned on a reader that stays in use (no read
+  timeouts), only together with its reader;
+- the client's own reconnect: a resubscribed reader resumes where the server puts it; rather than
+  trust every server to honour the resume position, a reader seen disconnected is replaced by a
+  new one started after the last delivered position;
+- a position that skips entries of the same ledger (Pulsar numbers a ledger's entries without gaps,
+  so a skip means a message was not delivered, or came out of order): the reader is replaced once
+  to re-read from the last delivered position; if the same position follows again, the skip is
+  real (Pulsar's marker entries, which readers never see) and it is accepted.
+
+Bootstrap: pulsar-lite fails ``has_message_available`` on a topic that never had a message, which
+:meth:`PulsarChannelLog.catch_up` needs to find the end of the log. On that failure it writes one
+message with the reserved key :data:`BOOTSTRAP_KEY` (readers skip it) and asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Final, TypeVar
+
+from lbd.adapters.pulsar_client import (
+    PULSAR_ERRORS,
+    PulsarConnection,
+    close_quietly,
+    is_unknown_error,
+    start_id,
+    to_position,
+    unavailable,
+)
+from lbd.core.table import ChannelPosition
+from lbd.ports.channel import RESERVED_KEY_PREFIX, ChannelMessage, check_publishable_key
+from lbd.ports.errors import UnavailableError
+
+BOOTSTRAP_KEY: Final = f"{RESERVED_KEY_PREFIX}bootstrap__"
+"""Key of the marker written into a never-written channel topic so its end can be found."""
+
+_MAX_PENDING_SENDS: Final = 1000
+"""Sends in flight per producer (the client's queue size; beyond it the client refuses sends)."""
+_WATCH_INTERVAL_S: Final = 0.1
+"""How often a waiting follower checks that its reader is still connected."""
+_RETRY_MIN_S: Final = 0.1
+_RETRY_MAX_S: Final = 2.0
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _ReReadError(Exception):
+    """The current reader may have skipped a message: replace it, starting after ``cursor.last``."""
+
+
+class _Cursor:
+    """The last position delivered by one reading, and the filter every message passes through."""
+
+    def __init__(self, after: ChannelPosition | None) -> None:
+        self.last = after
+        self._accepted_skip: ChannelPosition | None = None
+
+    def admit(self, message: Any) -> ChannelMessage | None:
+        """The message to deliver, or None to drop it; :class:`_ReReadError` on a skip."""
+        position = to_position(message.message_id())
+        last = self.last
+        if last is not None and position <= last:
+            return None
+        if (
+            last is not None
+            and position.ledger_id == last.ledger_id
+            and position.entry_id > last.entry_id + 1
+            and position != self._accepted_skip
+        ):
+            # Accepted if it comes right after ``last`` again, from a fresh reader.
+            self._accepted_skip = position
+            raise _ReReadError(f"position {position} skips entries after {last}")
+        self.last = position
+        key = message.partition_key()
+        if key.startswith(RESERVED_KEY_PREFIX):
+            return None
+        return ChannelMessage(position, key, message.data())
+
+
+class PulsarChannelLog:
+    """The state channel on ``topic``, read and written through ``connection``."""
+
+    def __init__(self, connection: PulsarConnection, topic: str) -> None:
+        self._connection = connection
+        self._topic = topic
+        self._producer: Any = None
+        self._producer_lock = asyncio.Lock()
+        self._send_slots = asyncio.Semaphore(_MAX_PENDING_SENDS)
+        self._readers: set[Any] = set()
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._closed = asyncio.Event()
+
+    @property
+    def topic(self) -> str:
+        """The channel topic."""
+        return self._topic
+
+    # -- publishing -------------------------------------------------------------------------
+
+    async def publish(self, key: str, value: bytes) -> ChannelPosition:
+        """Append ``value`` under ``key``; its position once persisted (see the port)."""
+        check_publishable_key(key)
+        return await self._send(key, value)
+
+    async def _send(self, key: str, value: bytes) -> ChannelPosition:
+        producer = await self._get_producer()
+        async with self._send_slots:
+            try:
+                message_id = await self._cancel_on_close(producer.send(value, partition_key=key))
+            except PULSAR_ERRORS as e:
+                raise unavailable(f"publishing {key} to {self._topic}", e) from e
+        return to_position(message_id)
+
+    async def _get_producer(self) -> Any:
+        async with self._producer_lock:
+            self._check_open()
+            if self._producer is None:
+                try:
+                    self._producer = await self._cancel_on_close(
+                        self._connection.client.create_producer(
+                            self._topic,
+                            batching_enabled=False,
+                            send_timeout_millis=round(self._connection.operation_timeout_s * 1000),
+                            max_pending_messages=_MAX_PENDING_SENDS,
+                            block_if_queue_full=False,
+                        )
+                    )
+                except PULSAR_ERRORS as e:
+                    raise unavailable(f"creating a producer on {self._topic}", e) from e
+            return self._producer
+
+    # -- following --------------------------------------------------------------------------
+
+    async def follow(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+        """Every message after ``after``, in order, forever (see the port)."""
+        cursor = _Cursor(after)
+        while True:
+            reader = await self._open_reader_retrying(cursor.last)
+            if reader is None:
+                return
+            try:
+                while True:
+                    message = await self._read_watched(reader)
+                    if message is None:
+                        break
+                    try:
+                        admitted = cursor.admit(message)
+                    except _ReReadError as e:
+                        _log.info("channel %s: re-reading: %s", self._topic, e)
+                        break
+                    if admitted is not None:
+                        yield admitted
+            finally:
+                await self._discard_reader(reader)
+
+    async def _open_reader_retrying(self, after: ChannelPosition | None) -> Any:
+        """A reader starting after ``after``, retrying until one is made; None once closed."""
+        delay = _RETRY_MIN_S
+        failures = 0
+        while not self._closed.is_set():
+            try:
+                reader = await self._open_reader(after)
+            except UnavailableError as e:
+                if self._closed.is_set():
+                    break
+                failures += 1
+                # One warning per outage; the retries in between are routine.
+                _log.log(logging.WARNING if failures == 1 else logging.DEBUG, "%s", e)
+            else:
+                if failures:
+                    _log.info("channel %s: reading again after %s", self._topic, after)
+                return reader
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+        return None
+
+    async def _read_watched(self, reader: Any) -> Any:
+        """The reader's next message; None if the reader lost its connection or the log closed.
+
+        The pending read is cancelled only when the reader is abandoned: a cancelled read may
+        have taken a message off the reader's queue.
+        """
+        read = asyncio.ensure_future(reader.read_next())
+        self._inflight.add(read)
+        try:
+            while True:
+                done, _ = await asyncio.wait((read,), timeout=_WATCH_INTERVAL_S)
+                if done:
+                    break
+                if self._closed.is_set():
+                    return None
+                if not reader.is_connected():
+                    _log.warning(
+                        "channel %s: reader lost its connection; replacing it", self._topic
+                    )
+                    return None
+        finally:
+            self._inflight.discard(read)
+            read.cancel()
+        if read.cancelled():
+            return None
+        error = read.exception()
+        if error is None:
+            return read.result()
+        if isinstance(error, PULSAR_ERRORS):
+            _log.warning(
+                "channel %s: reading failed (%s); replacing the reader", self._topic, error
+            )
+            return None
+        raise error
+
+    # -- catching up ------------------------------------------------------------------------
+
+    async def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+        """Every message after ``after`` up to the end of the log now, then end (see the port)."""
+        cursor = _Cursor(after)
+        reader = await self._open_reader(after)
+        try:
+            try:
+                more = await self._has_message_available(reader)
+            except UnavailableError as e:
+                if not is_unknown_error(e.__cause__ or e):
+                    raise
+                await self._discard_reader(reader)
+                reader = None
+                await self._bootstrap()
+                reader = await self._open_reader(after)
+                more = await self._has_message_available(reader)
+            while more:
+                message = await self._read_once(reader)
+                try:
+                    admitted = cursor.admit(message)
+                except _ReReadError as e:
+                    _log.info("channel %s: re-reading: %s", self._topic, e)
+                    await self._discard_reader(reader)
+                    reader = None
+                    reader = await self._open_reader(cursor.last)
+                    admitted = None
+                if admitted is not None:
+                    yield admitted
+                more = await self._has_message_available(reader)
+        finally:
+            if reader is not None:
+                await self._discard_reader(reader)
+
+    async def _bootstrap(self) -> None:
+        position = await self._send(BOOTSTRAP_KEY, b"")
+        _log.info("channel %s: wrote the bootstrap marker at %s", self._topic, position)
+
+    async def _has_message_available(self, reader: Any) -> bool:
+        try:
+            available: bool = await self._cancel_on_close(reader.has_message_available())
+        except PULSAR_ERRORS as e:
+            raise unavailable(f"looking for the end of {self._topic}", e) from e
+        return available
+
+    async def _read_once(self, reader: Any) -> Any:
+        try:
+            return await self._cancel_on_close(
+                asyncio.wait_for(reader.read_next(), self._connection.operation_timeout_s)
+            )
+        except (*PULSAR_ERRORS, TimeoutError) as e:
+            raise unavailable(f"reading {self._topic}", e) from e
+
+    # -- readers and lifecycle --------------------------------------------------------------
+
+    async def _open_reader(self, after: ChannelPosition | None) -> Any:
+        self._check_open()
+        try:
+            reader = await self._cancel_on_close(
+                self._connection.client.create_reader(self._topic, start_id(after))
+            )
+        except PULSAR_ERRORS as e:
+            raise unavailable(f"creating a reader on {self._topic} after {after}", e) from e
+        self._readers.add(reader)
+        return reader
+
+    async def _discard_reader(self, reader: Any) -> None:
+        if reader not in self._readers:
+            return
+        self._readers.discard(reader)
+        await close_quietly(reader, f"a reader of {self._topic}")
+
+    async def _cancel_on_close(self, operation: Awaitable[T]) -> T:
+        """Await ``operation``; if the log closes meanwhile, it is cancelled: UnavailableError."""
+        self._check_open()
+        future = asyncio.ensure_future(operation)
+        self._inflight.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._closed.is_set() and (current is None or not current.cancelling()):
+                raise UnavailableError(f"channel {self._topic} is closed") from None
+            raise
+        finally:
+            self._inflight.discard(future)
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise UnavailableError(f"channel {self._topic} is closed")
+
+    async def close(self) -> None:
+        """Close the producer and every reader; running followers end. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for future in list(self._inflight):
+            future.cancel()
+        readers, self._readers = list(self._readers), set()
+        producer, self._producer = self._producer, None
+        for reader in readers:
+            await close_quietly(reader, f"a reader of {self._topic}")
+        if producer is not None:
+            await close_quietly(producer, f"the producer of {self._topic}")

@@ -1,0 +1,1 @@
+"""Simulations of a cluster, for the demo, tests and benchmarks."""

@@ -1,0 +1,1 @@
+"""Contract suites: one abstract suite per port, run against the in-memory and the real adapter."""

@@ -1,0 +1,245 @@
+"""The ChannelLog contract on pulsar-lite, and the channel through a crash of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pulsar
+import pulsar.asyncio
+import pytest
+
+from contract.channel_suite import ChannelLogContract, take
+from lbd.adapters.pulsar_channel import PulsarChannelLog, _Cursor, _ReReadError
+from lbd.adapters.pulsar_client import PulsarConnection
+from lbd.core.table import ChannelPosition
+from lbd.devcluster import PulsarLiteServer
+from lbd.ports.channel import ChannelMessage
+from lbd.ports.errors import UnavailableError
+
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
+
+OPERATION_TIMEOUT_S = 5.0
+
+ChannelMaker = Callable[..., PulsarChannelLog]
+
+
+@pytest.fixture
+async def pulsar_channels() -> AsyncIterator[ChannelMaker]:
+    """Make channel clients (each with a connection of its own); all closed afterwards."""
+    made: list[tuple[PulsarConnection, PulsarChannelLog]] = []
+
+    def make(
+        server: PulsarLiteServer, topic: str, operation_timeout_s: float = OPERATION_TIMEOUT_S
+    ) -> PulsarChannelLog:
+        connection = PulsarConnection(server.service_url, operation_timeout_s=operation_timeout_s)
+        channel = PulsarChannelLog(connection, topic)
+        made.append((connection, channel))
+        return channel
+
+    yield make
+    for connection, channel in made:
+        await channel.close()
+        await connection.close()
+
+
+class TestPulsarChannel(ChannelLogContract):
+    @pytest.fixture
+    def new_channel(
+        self, pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+    ) -> Callable[[], PulsarChannelLog]:
+        return lambda: pulsar_channels(pulsar_server, pulsar_topic)
+
+
+async def test_positions_are_pulsar_message_ids(
+    pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    channel = pulsar_channels(pulsar_server, pulsar_topic)
+    first = await channel.publish("t/ns/a", b"1")
+    second = await channel.publish("t/ns/a", b"2")
+    # Unbatched: each message is an entry of its own, right after the previous one.
+    assert first.batch_index == second.batch_index == -1
+    assert (second.ledger_id, second.entry_id) == (first.ledger_id, first.entry_id + 1)
+
+
+async def test_publish_to_a_dead_server_is_unavailable(
+    private_pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    channel = pulsar_channels(private_pulsar_server, pulsar_topic)
+    await channel.publish("t/ns/a", b"before")
+    private_pulsar_server.kill()
+    with pytest.raises(UnavailableError, match="Pulsar unavailable while publishing t/ns/a"):
+        await channel.publish("t/ns/a", b"during")
+
+
+async def _follow_until(
+    channel: PulsarChannelLog, last: ChannelPosition, delivered: list[ChannelMessage]
+) -> None:
+    """Append every delivered message (repeats included) until ``last`` is delivered."""
+    async with contextlib.aclosing(channel.follow(None)) as follower:
+        async for message in follower:
+            delivered.append(message)
+            if message.position >= last:
+                return
+
+
+@pytest.mark.parametrize(
+    ("send_timeout_s", "outage_s"),
+    [
+        # Outages of seconds: the client's reconnect backoff has grown by then, so producers are
+        # back before old readers resubscribe (pulsar-lite's reconnected readers skip what was
+        # published in between; the channel must not).
+        pytest.param(8.0, 2.0, id="sends-outlive-the-outage"),
+        pytest.param(1.0, 2.0, id="sends-fail-during-the-outage"),
+    ],
+)
+async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
+    private_pulsar_server: PulsarLiteServer,
+    pulsar_topic: str,
+    pulsar_channels: ChannelMaker,
+    send_timeout_s: float,
+    outage_s: float,
+) -> None:
+    server = private_pulsar_server
+    publisher = pulsar_channels(server, pulsar_topic, operation_timeout_s=send_timeout_s)
+    followers = [pulsar_channels(server, pulsar_topic) for _ in range(2)]
+    acknowledged: list[ChannelMessage] = []
+    failed = 0
+    total = 300
+
+    async def publish_stream() -> None:
+        nonlocal failed
+        for i in range(total):
+            key, value = f"t/ns/b{i % 7}", f"m-{i}".encode()
+            try:
+                position = await publisher.publish(key, value)
+            except UnavailableError:
+                failed += 1
+                await asyncio.sleep(0.05)
+                continue
+            acknowledged.append(ChannelMessage(position, key, value))
+            await asyncio.sleep(0.002)
+
+    # Let followers run ahead of the crash: they are live, not catching up, when it hits.
+    live: list[list[ChannelMessage]] = [[], []]
+    streams = asyncio.ensure_future(publish_stream())
+    while len(acknowledged) < 100:
+        await asyncio.sleep(0.01)
+    following = [
+        asyncio.ensure_future(_follow_until(f, ChannelPosition(2**62, 0), d))
+        for f, d in zip(followers, live, strict=True)
+    ]
+    while len(acknowledged) < 150:
+        await asyncio.sleep(0.01)
+
+    server.kill()
+    acknowledged_before_crash = len(acknowledged)
+    await asyncio.sleep(outage_s)
+    await asyncio.to_thread(server.restart)
+    await asyncio.wait_for(streams, 50)
+
+    last = acknowledged[-1].position
+    deadline = asyncio.get_running_loop().time() + 20
+    while any(not d or d[-1].position < last for d in live):
+        assert asyncio.get_running_loop().time() < deadline, "followers did not catch up"
+        await asyncio.sleep(0.05)
+    for task in following:
+        task.cancel()
+    await asyncio.gather(*following, return_exceptions=True)
+
+    assert acknowledged_before_crash < total - 50, "the crash came after the publish stream"
+    assert len(acknowledged) == total - failed
+    if send_timeout_s < outage_s:
+        assert failed > 0, "no publish failed during the outage"
+    for delivered in live:
+        positions = [m.position for m in delivered]
+        assert positions == sorted(set(positions)), "a position was delivered twice or late"
+        acked_set = set(acknowledged)
+        assert [m for m in delivered if m in acked_set] == acknowledged
+    up_to = min(len(live[0]), len(live[1]))
+    assert live[0][:up_to] == live[1][:up_to]
+
+
+async def test_a_follower_made_while_the_server_is_down_resumes_when_it_returns(
+    private_pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    server = private_pulsar_server
+    writer = pulsar_channels(server, pulsar_topic)
+    before = await writer.publish("t/ns/a", b"before")
+    server.kill()
+
+    reader = pulsar_channels(server, pulsar_topic)
+    async with contextlib.aclosing(reader.follow(None)) as follower:
+        pending = asyncio.ensure_future(take(follower, 2, timeout_s=40))
+        await asyncio.sleep(1)
+        assert not pending.done()
+        await asyncio.to_thread(server.restart)
+        after = await writer.publish("t/ns/a", b"after")
+        got = await pending
+
+    assert got == [
+        ChannelMessage(before, "t/ns/a", b"before"),
+        ChannelMessage(after, "t/ns/a", b"after"),
+    ]
+
+
+async def test_client_quirk_a_cancelled_read_swallows_the_next_message(
+    pulsar_client: pulsar.asyncio.Client, pulsar_topic: str
+) -> None:
+    # Pins why the channel never times out a read on a reader it keeps using.
+    producer = await pulsar_client.create_producer(pulsar_topic, batching_enabled=False)
+    reader = await pulsar_client.create_reader(pulsar_topic, pulsar.MessageId.earliest)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.read_next(), 0.2)
+    await producer.send(b"first")
+    await producer.send(b"second")
+    message = await asyncio.wait_for(reader.read_next(), OPERATION_TIMEOUT_S)
+    assert message.data() == b"second"
+
+
+@dataclass(frozen=True)
+class _FakeId:
+    position: ChannelPosition
+
+    def ledger_id(self) -> int:
+        return self.position.ledger_id
+
+    def entry_id(self) -> int:
+        return self.position.entry_id
+
+    def batch_index(self) -> int:
+        return self.position.batch_index
+
+
+@dataclass(frozen=True)
+class _FakeMessage:
+    position: ChannelPosition
+    key: str = "t/ns/a"
+
+    def message_id(self) -> _FakeId:
+        return _FakeId(self.position)
+
+    def partition_key(self) -> str:
+        return self.key
+
+    def data(self) -> bytes:
+        return b"v"
+
+
+def test_a_skipped_entry_is_re_read_once_then_accepted() -> None:
+    cursor = _Cursor(ChannelPosition(0, 4))
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 3))) is None
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 4))) is None
+    with pytest.raises(_ReReadError, match="skips entries after 0:4:-1"):
+        cursor.admit(_FakeMessage(ChannelPosition(0, 6)))
+    assert cursor.last == ChannelPosition(0, 4)
+
+    # The fresh reader delivers 6 right after 4 again: the gap is real (a marker entry).
+    admitted = cursor.admit(_FakeMessage(ChannelPosition(0, 6)))
+    assert admitted == ChannelMessage(ChannelPosition(0, 6), "t/ns/a", b"v")
+    # A new ledger starts its entries again: no skip.
+    assert cursor.admit(_FakeMessage(ChannelPosition(1, 0))) is not None
+    assert cursor.admit(_FakeMessage(ChannelPosition(1, 1), key="__lbd_bootstrap__")) is None
+    assert cursor.last == ChannelPosition(1, 1)
