@@ -53,7 +53,9 @@ class EtcdMetadataStore:
     the session and the watches, not the connection.
     """
 
-    def __init__(self, conn: EtcdConnection, options: EtcdOptions, clock: Clock | None = None):
+    def __init__(
+        self, conn: EtcdConnection, options: EtcdOptions, clock: Clock | None = None
+    ) -> None:
         self._conn = conn
         self._keys = EtcdKeys(options.prefix)
         self._clock = clock if clock is not None else SystemClock()
@@ -279,7 +281,7 @@ class EtcdMetadataStore:
                         yield event
                     continue
                 except UnavailableError as e:
-                    log.info("watch of %s broke at revision %d: %s", prefix, revision, e)
+                    log.info("watch of %s broke at revision %d: %s", prefix.decode(), revision, e)
                     if not await self._pause(delay):
                         return
                     continue
@@ -287,7 +289,9 @@ class EtcdMetadataStore:
                     pass
                 finally:
                     self._streams.discard(stream)
-            log.warning("watch of %s: revision %d compacted, listing again", prefix, revision)
+            log.warning(
+                "watch of %s: revision %d compacted, listing again", prefix.decode(), revision
+            )
             try:
                 kvs, revision_now = await self._conn.list_prefix(prefix)
             except UnavailableError:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, Final, TypeVar
 
 from lbd.adapters.pulsar_client import (
@@ -148,7 +148,7 @@ class PulsarChannelLog:
 
     # -- following --------------------------------------------------------------------------
 
-    async def follow(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after``, in order, forever (see the port)."""
         cursor = _Cursor(after)
         while True:
@@ -229,7 +229,7 @@ class PulsarChannelLog:
 
     # -- catching up ------------------------------------------------------------------------
 
-    async def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    async def catch_up(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after`` up to the end of the log now, then end (see the port)."""
         cursor = _Cursor(after)
         reader = await self._open_reader(after)

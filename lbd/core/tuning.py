@@ -66,9 +66,8 @@ class SheddingConfig:
         if self.overloaded_threshold <= 0:
             out.append(f"overloaded_threshold must be > 0, got {self.overloaded_threshold}")
         if self.threshold_shedder_percentage < 0:
-            out.append(
-                f"threshold_shedder_percentage must be >= 0, got {self.threshold_shedder_percentage}"
-            )
+            value = self.threshold_shedder_percentage
+            out.append(f"threshold_shedder_percentage must be >= 0, got {value}")
         return out
 
     @classmethod

@@ -12,7 +12,7 @@ never yield them, though such a message still occupies a position.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -59,7 +59,7 @@ class ChannelLog(Protocol):
         """
         ...
 
-    def follow(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message strictly after ``after`` (from the start when None), in log order.
 
         Never ends on its own: it waits for new messages, and resumes after outages of the log
@@ -69,7 +69,7 @@ class ChannelLog(Protocol):
         """
         ...
 
-    def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    def catch_up(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message strictly after ``after`` that the log held at the call, then the end.
 
         For a starting sidecar (apply everything up to now before serving) and for offline dumps.

@@ -47,11 +47,12 @@ class CheckpointStore(Protocol):
     """
 
     async def save(self, checkpoint: StoredCheckpoint) -> bool:
-        """Store ``checkpoint`` as the newest, atomically: a reader sees the old or the new one whole.
+        """Store ``checkpoint`` as the newest, atomically: a reader sees the old or the new one
+        whole.
 
-        Refused (returns False, nothing written) when the stored one has a higher leader term, or the
-        same term and a position not older than this one: a deposed leader cannot roll back a newer
-        checkpoint.
+        Refused (returns False, nothing written) when the stored one has a higher leader term, or
+        the same term and a position not older than this one: a deposed leader cannot roll back a
+        newer checkpoint.
         """
         ...
 

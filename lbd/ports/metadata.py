@@ -1,8 +1,8 @@
 """The metadata-store port: broker registry, leader election, namespace records, session events.
 
-The real implementation is etcd (:mod:`lbd.adapters.etcd`); keys live under a per-cluster prefix
-(DESIGN §3). Every method raises :class:`~lbd.ports.errors.UnavailableError` when the store cannot be
-reached within the configured request timeout; no other exception means "unavailable".
+The real implementation is etcd (:mod:`lbd.adapters.etcd_store`); keys live under a per-cluster
+prefix (DESIGN §3). Every method raises :class:`~lbd.ports.errors.UnavailableError` when the store
+cannot be reached within the configured request timeout; no other exception means "unavailable".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
@@ -24,7 +24,7 @@ TAKE_TIMEOUT_S = 10.0
 
 
 async def take(
-    messages: AsyncIterator[ChannelMessage],
+    messages: AsyncGenerator[ChannelMessage, None],
     count: int,
     *,
     timeout_s: float = TAKE_TIMEOUT_S,
@@ -60,7 +60,7 @@ async def catch_up_all(channel: ChannelLog, after: ChannelPosition | None) -> li
         return await asyncio.wait_for(_collect_all(messages), TAKE_TIMEOUT_S)
 
 
-async def _collect_all(messages: AsyncIterator[ChannelMessage]) -> list[ChannelMessage]:
+async def _collect_all(messages: AsyncGenerator[ChannelMessage, None]) -> list[ChannelMessage]:
     return [message async for message in messages]
 
 

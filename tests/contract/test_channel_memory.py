@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from contract.channel_suite import ChannelFactory, ChannelLogContract, catch_up_all, take
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.ports.errors import UnavailableError
+from tests.contract.channel_suite import ChannelFactory, ChannelLogContract, catch_up_all, take
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from contract.loadstore_suite import LoadStoreContract, StoreFactory
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
+from tests.contract.loadstore_suite import LoadStoreContract, StoreFactory
 
 
 @pytest.fixture

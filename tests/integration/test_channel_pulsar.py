@@ -11,13 +11,13 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
-from contract.channel_suite import ChannelLogContract, take
 from lbd.adapters.pulsar_channel import PulsarChannelLog, _Cursor, _ReReadError
 from lbd.adapters.pulsar_client import PulsarConnection
 from lbd.core.table import ChannelPosition
 from lbd.devcluster import PulsarLiteServer
 from lbd.ports.channel import ChannelMessage
 from lbd.ports.errors import UnavailableError
+from tests.contract.channel_suite import ChannelLogContract, take
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
 
@@ -74,15 +74,11 @@ async def test_publish_to_a_dead_server_is_unavailable(
         await channel.publish("t/ns/a", b"during")
 
 
-async def _follow_until(
-    channel: PulsarChannelLog, last: ChannelPosition, delivered: list[ChannelMessage]
-) -> None:
-    """Append every delivered message (repeats included) until ``last`` is delivered."""
+async def _follow_into(channel: PulsarChannelLog, delivered: list[ChannelMessage]) -> None:
+    """Append every message the channel delivers (repeats included), until cancelled."""
     async with contextlib.aclosing(channel.follow(None)) as follower:
         async for message in follower:
             delivered.append(message)
-            if message.position >= last:
-                return
 
 
 @pytest.mark.parametrize(
@@ -108,6 +104,7 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
     acknowledged: list[ChannelMessage] = []
     failed = 0
     total = 300
+    milestones = {100: asyncio.Event(), 150: asyncio.Event()}
 
     async def publish_stream() -> None:
         nonlocal failed
@@ -120,19 +117,18 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
                 await asyncio.sleep(0.05)
                 continue
             acknowledged.append(ChannelMessage(position, key, value))
+            if len(acknowledged) in milestones:
+                milestones[len(acknowledged)].set()
             await asyncio.sleep(0.002)
 
     # Let followers run ahead of the crash: they are live, not catching up, when it hits.
     live: list[list[ChannelMessage]] = [[], []]
     streams = asyncio.ensure_future(publish_stream())
-    while len(acknowledged) < 100:
-        await asyncio.sleep(0.01)
+    await milestones[100].wait()
     following = [
-        asyncio.ensure_future(_follow_until(f, ChannelPosition(2**62, 0), d))
-        for f, d in zip(followers, live, strict=True)
+        asyncio.ensure_future(_follow_into(f, d)) for f, d in zip(followers, live, strict=True)
     ]
-    while len(acknowledged) < 150:
-        await asyncio.sleep(0.01)
+    await milestones[150].wait()
 
     server.kill()
     acknowledged_before_crash = len(acknowledged)

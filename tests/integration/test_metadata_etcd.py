@@ -22,6 +22,7 @@ from lbd.adapters.etcd_store import EtcdMetadataStore
 from lbd.adapters.session import SessionPolicy
 from lbd.core.ids import BrokerId
 from lbd.devcluster import EtcdServer
+from lbd.devcluster.ports import free_port
 from lbd.ports.clock import Clock
 from lbd.ports.errors import CasConflictError, UnavailableError
 from lbd.ports.metadata import MetadataStore, RegistryEvent, SessionEventKind
@@ -178,6 +179,18 @@ async def test_requests_to_a_dead_server_are_unavailable(private_harness: EtcdHa
         await store.list_namespaces()
     private_harness.server.start()
     assert await _eventually(store.list_namespaces) == {}
+
+
+async def test_requests_fail_over_to_the_next_endpoint(etcd_server: EtcdServer) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}"
+    conn = EtcdConnection([nobody, etcd_server.client_url], request_timeout_s=REQUEST_TIMEOUT_S)
+    try:
+        with pytest.raises(UnavailableError, match=nobody.removeprefix("http://")):
+            await conn.get(b"/lbd-test/none")
+        assert conn.endpoint == f"127.0.0.1:{etcd_server.port}"
+        assert await conn.get(b"/lbd-test/none") is None
+    finally:
+        await conn.close()
 
 
 async def test_watch_resumes_after_a_restart_without_missing_events(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from lbd.core.table import ChannelPosition
@@ -113,7 +113,7 @@ class MemoryChannelLog:
         self._check_open()
         return self._log.append(key, value)
 
-    async def follow(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after``, in order, until closed (see the port)."""
         state = _FollowerState()
         log = self._log
@@ -135,7 +135,7 @@ class MemoryChannelLog:
         finally:
             log._followers.discard(state)
 
-    async def catch_up(self, after: ChannelPosition | None) -> AsyncIterator[ChannelMessage]:
+    async def catch_up(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after`` up to the end of the log now, then end (see the port)."""
         self._check_open()
         self._check_available()

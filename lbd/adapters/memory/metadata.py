@@ -60,6 +60,7 @@ class MemoryMetadataCluster:
         self._leases: dict[int, tuple[int, float]] = {}  # id -> (ttl, deadline)
         self._lease_ids = itertools.count(0x1000)
         self.history: list[_Change] = []
+        """Every change ever made (watches read it); kept whole: the twin is for bounded runs."""
         self._reachable = True
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -100,12 +101,14 @@ class MemoryMetadataCluster:
         self.expire_leases()
 
     def grant(self, ttl_s: int) -> int:
+        """Grant a lease of ``ttl_s`` seconds on the clock."""
         self.check()
         lease_id = next(self._lease_ids)
         self._leases[lease_id] = (ttl_s, self.clock.monotonic() + ttl_s)
         return lease_id
 
     def refresh(self, lease_id: int) -> bool:
+        """Renew a lease; False when it is gone."""
         self.check()
         lease = self._leases.get(lease_id)
         if lease is None:
@@ -114,10 +117,12 @@ class MemoryMetadataCluster:
         return True
 
     def get(self, key: str) -> _Record | None:
+        """One key, or None."""
         self.check()
         return self._records.get(key)
 
     def list(self, prefix: str) -> tuple[dict[str, _Record], int]:
+        """Every key under ``prefix`` (sorted) and the current revision."""
         self.check()
         found = {k: r for k, r in sorted(self._records.items()) if k.startswith(prefix)}
         return found, self.revision
@@ -137,6 +142,7 @@ class MemoryMetadataCluster:
         return self.revision
 
     def delete(self, key: str) -> None:
+        """Delete one key (no-op when absent)."""
         self.check()
         if key in self._records:
             self.revision += 1

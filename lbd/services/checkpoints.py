@@ -1,0 +1,82 @@
+"""Checkpoints of the channel table: lbd's own compaction of a channel that has none.
+
+The leader periodically saves the materialised table with the channel position it covers; a
+starting sidecar restores the newest one and replays only the channel after that position, and
+ends with exactly the table a full replay gives (the table's position check makes the overlap
+harmless).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from lbd.core.errors import InvalidInputError
+from lbd.core.table import ChannelPosition, StateTable
+from lbd.ports.checkpoint import CheckpointStore, StoredCheckpoint
+
+_log = logging.getLogger(__name__)
+
+
+def encode(table: StateTable, leader_term: int) -> StoredCheckpoint | None:
+    """The table as a checkpoint; None for a table that has applied nothing yet."""
+    position = table.last_position
+    if position is None:
+        return None
+    body = json.dumps(table.snapshot(), separators=(",", ":")).encode()
+    return StoredCheckpoint(position=position, leader_term=leader_term, body=body)
+
+
+def decode(checkpoint: StoredCheckpoint) -> StateTable:
+    """The table a checkpoint holds; raises InvalidInputError when the body is not one."""
+    try:
+        table = StateTable.from_snapshot(json.loads(checkpoint.body))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"checkpoint at {checkpoint.position} is unreadable: {e}") from e
+    if table.last_position != checkpoint.position:
+        raise InvalidInputError(
+            f"checkpoint says it covers {checkpoint.position} but its table is at "
+            f"{table.last_position}"
+        )
+    return table
+
+
+async def save(
+    store: CheckpointStore, table: StateTable, leader_term: int
+) -> ChannelPosition | None:
+    """Save the table as the newest checkpoint; the position saved, or None when refused/empty."""
+    checkpoint = encode(table, leader_term)
+    if checkpoint is None:
+        return None
+    if not await store.save(checkpoint):
+        _log.info(
+            "checkpoint at %s (term %d) refused: a newer one is stored",
+            checkpoint.position,
+            leader_term,
+        )
+        return None
+    _log.info(
+        "checkpoint saved at %s with %d bundles (term %d, %d bytes)",
+        checkpoint.position,
+        len(table),
+        leader_term,
+        len(checkpoint.body),
+    )
+    return checkpoint.position
+
+
+async def restore(store: CheckpointStore) -> StateTable:
+    """The newest checkpoint's table, or an empty table when there is none or it is unreadable.
+
+    An unreadable checkpoint is logged and ignored: a full replay is slower but always right.
+    """
+    checkpoint = await store.load()
+    if checkpoint is None:
+        return StateTable()
+    try:
+        table = decode(checkpoint)
+    except InvalidInputError as e:
+        _log.error("ignoring the stored checkpoint, replaying the whole channel: %s", e)
+        return StateTable()
+    _log.info("restored checkpoint at %s with %d bundles", checkpoint.position, len(table))
+    return table

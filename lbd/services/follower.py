@@ -1,0 +1,205 @@
+"""The channel follower: applies the state channel to a table, in order, for the whole sidecar.
+
+It first catches up with the channel as it is (from the table's position: empty, or a checkpoint),
+then follows it forever. It serves the current value of each bundle, a change feed and waiters
+("until this bundle is Owned, or the deadline"). A malformed message is skipped, logged once and
+counted: it never crashes the follower nor stalls the channel. Repeated or out-of-order deliveries
+are refused by the table's position check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from lbd.core.ids import BundleId
+from lbd.core.state import ServiceUnitStateData
+from lbd.core.table import ApplyResult, ChannelPosition, Outcome, StateTable
+from lbd.ports.channel import ChannelLog, ChannelMessage
+from lbd.services.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+Predicate = Callable[[ServiceUnitStateData | None], bool]
+
+
+@dataclass(slots=True)
+class FollowerStats:
+    """Counts of what the follower did with each message, by outcome."""
+
+    accepted: int = 0
+    rejected: int = 0
+    duplicate: int = 0
+    malformed: int = 0
+
+    def count(self, outcome: Outcome) -> None:
+        """Count one message."""
+        name = outcome.value
+        setattr(self, name, getattr(self, name) + 1)
+
+
+class ChannelFollower:
+    """Keeps a :class:`StateTable` equal to the channel, and tells who waits what changed."""
+
+    def __init__(
+        self,
+        log: ChannelLog,
+        table: StateTable | None = None,
+        *,
+        name: str = "channel-follower",
+        on_death: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self._log = log
+        self._table = table if table is not None else StateTable()
+        self._name = name
+        self._on_death = on_death
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._subscribers: set[asyncio.Queue[ApplyResult]] = set()
+        self._waiters: dict[BundleId, list[tuple[Predicate, asyncio.Future[None]]]] = {}
+        self._position_waiters: list[tuple[ChannelPosition, asyncio.Future[None]]] = []
+        self.stats = FollowerStats()
+
+    @property
+    def table(self) -> StateTable:
+        """The materialised table (read it; never write it)."""
+        return self._table
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether the follower has caught up with the channel as it was at start."""
+        return self._ready.is_set()
+
+    def get(self, bundle: BundleId) -> ServiceUnitStateData | None:
+        """The bundle's current value (None: Init)."""
+        return self._table.get(bundle)
+
+    async def start(self) -> None:
+        """Start following; returns at once (:meth:`wait_ready` waits for the catch-up)."""
+        if self._task is None:
+            self._task = guard(self._run(), name=self._name, on_death=self._on_death)
+
+    async def wait_ready(self) -> None:
+        """Wait until the channel as it was at start is applied (bound it with asyncio.timeout)."""
+        await self._ready.wait()
+
+    async def close(self) -> None:
+        """Stop following; waiters get :class:`asyncio.CancelledError`. Idempotent."""
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        for waiters in self._waiters.values():
+            for _, future in waiters:
+                future.cancel()
+        for _, future in self._position_waiters:
+            future.cancel()
+        self._waiters.clear()
+        self._position_waiters.clear()
+
+    async def __aenter__(self) -> ChannelFollower:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def changes(self) -> AsyncIterator[ApplyResult]:
+        """Every accepted change from now on, in channel order (iterate promptly: unbounded)."""
+        queue: asyncio.Queue[ApplyResult] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    async def wait_for(self, bundle: BundleId, predicate: Predicate) -> ServiceUnitStateData | None:
+        """The bundle's value once ``predicate`` holds for it (at once if it holds now).
+
+        Bound the wait with :func:`asyncio.timeout`; leaving early cleans the waiter up.
+        """
+        if predicate(self._table.get(bundle)):
+            return self._table.get(bundle)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (predicate, future)
+        self._waiters.setdefault(bundle, []).append(entry)
+        try:
+            await future
+        finally:
+            waiters = self._waiters.get(bundle)
+            if waiters is not None and entry in waiters:
+                waiters.remove(entry)
+                if not waiters:
+                    del self._waiters[bundle]
+        return self._table.get(bundle)
+
+    async def wait_applied(self, position: ChannelPosition) -> None:
+        """Return once the table covers ``position`` (read-your-writes after a publish)."""
+        last = self._table.last_position
+        if last is not None and last >= position:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (position, future)
+        self._position_waiters.append(entry)
+        try:
+            await future
+        finally:
+            if entry in self._position_waiters:
+                self._position_waiters.remove(entry)
+
+    async def _run(self) -> None:
+        async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as backlog:
+            async for message in backlog:
+                self._apply(message)
+        self._ready.set()
+        _log.info(
+            "%s: caught up at %s with %d bundles",
+            self._name,
+            self._table.last_position,
+            len(self._table),
+        )
+        async with contextlib.aclosing(self._log.follow(self._table.last_position)) as stream:
+            async for message in stream:
+                self._apply(message)
+
+    def _apply(self, message: ChannelMessage) -> None:
+        result = self._table.apply(message.position, BundleId(message.key), message.value)
+        self.stats.count(result.outcome)
+        if result.outcome is Outcome.MALFORMED:
+            _log.warning(
+                "%s: skipped a malformed value for %s at %s: %s",
+                self._name,
+                message.key,
+                message.position,
+                result.reason,
+            )
+        elif result.outcome is Outcome.REJECTED:
+            _log.debug(
+                "%s: rejected %s at %s: %s",
+                self._name,
+                message.key,
+                message.position,
+                result.reason,
+            )
+        elif result.outcome is Outcome.ACCEPTED:
+            for queue in self._subscribers:
+                queue.put_nowait(result)
+            self._wake(result.key)
+        if result.outcome is not Outcome.DUPLICATE:
+            self._wake_positions()
+
+    def _wake(self, bundle: BundleId) -> None:
+        value = self._table.get(bundle)
+        for predicate, future in self._waiters.get(bundle, ()):
+            if not future.done() and predicate(value):
+                future.set_result(None)
+
+    def _wake_positions(self) -> None:
+        last = self._table.last_position
+        if last is None:
+            return
+        for position, future in self._position_waiters:
+            if not future.done() and last >= position:
+                future.set_result(None)

@@ -1,0 +1,156 @@
+"""The channel follower and checkpoints over the in-memory channel (the real one: integration)."""
+
+import asyncio
+
+import pytest
+
+from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.table import ChannelPosition, Outcome, StateTable
+from lbd.ports.checkpoint import StoredCheckpoint
+from lbd.services import checkpoints
+from lbd.services.follower import ChannelFollower
+
+B1 = BundleId("public/default/0x00000000_0x40000000")
+B2 = BundleId("public/default/0x40000000_0x80000000")
+A, B = BrokerId("broker-a"), BrokerId("broker-b")
+
+
+def value(state: ServiceUnitState, version: int, dst: str | None = None, src: str | None = None):
+    return encode_value(
+        ServiceUnitStateData(
+            state=state,
+            version_id=version,
+            dst_broker=None if dst is None else BrokerId(dst),
+            source_broker=None if src is None else BrokerId(src),
+        )
+    )
+
+
+def is_state(state: ServiceUnitState):
+    return lambda v: v is not None and v.state is state
+
+
+def replay(log: MemoryLog) -> StateTable:
+    table = StateTable()
+    for m in log.messages:
+        if not m.key.startswith("__lbd_"):
+            table.apply(m.position, BundleId(m.key), m.value)
+    return table
+
+
+async def test_catches_up_then_follows_and_wakes_waiters() -> None:
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        async with asyncio.timeout(2):
+            await follower.wait_ready()
+        assert follower.get(B1).state is ServiceUnitState.Assigning
+        waiting = asyncio.create_task(follower.wait_for(B1, is_state(ServiceUnitState.Owned)))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        position = await writer.publish(B1, value(ServiceUnitState.Owned, 2, dst=A))
+        async with asyncio.timeout(2):
+            owned = await waiting
+            await follower.wait_applied(position)
+        assert owned.dst_broker == A
+        assert follower.table.last_position == position
+    await writer.close()
+
+
+async def test_a_wait_that_times_out_leaves_no_waiter_behind() -> None:
+    log = MemoryLog()
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await follower.wait_for(B1, is_state(ServiceUnitState.Owned))
+        assert follower._waiters == {}
+
+
+async def test_malformed_and_repeated_messages_neither_crash_nor_stall() -> None:
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        await writer.publish(B1, b"{not json")
+        await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
+        log.redeliver(2)
+        last = await writer.publish(B2, value(ServiceUnitState.Assigning, 1, dst=B))
+        async with asyncio.timeout(2):
+            await follower.wait_applied(last)
+        assert follower.stats.malformed == 1
+        assert follower.stats.accepted == 2
+        assert follower.get(B1).dst_broker == A and follower.get(B2).dst_broker == B
+        assert dict(follower.table.items()) == dict(replay(log).items())
+    await writer.close()
+
+
+async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        async with asyncio.timeout(2):
+            await follower.wait_ready()
+        feed = follower.changes()
+        first = asyncio.ensure_future(anext(feed))
+        await asyncio.sleep(0)
+        await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
+        await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=B))  # rejected: stale
+        await writer.publish(B1, value(ServiceUnitState.Owned, 2, dst=A))
+        async with asyncio.timeout(2):
+            got = [await first, await anext(feed)]
+        await feed.aclose()
+        assert [r.outcome for r in got] == [Outcome.ACCEPTED, Outcome.ACCEPTED]
+        assert [r.new.state for r in got] == [ServiceUnitState.Assigning, ServiceUnitState.Owned]
+        assert follower.stats.rejected == 1
+    await writer.close()
+
+
+async def test_checkpoint_plus_tail_equals_full_replay_with_tombstones() -> None:
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    for i, bundle in enumerate((B1, B2)):
+        await writer.publish(bundle, value(ServiceUnitState.Assigning, 1, dst=A))
+        await writer.publish(bundle, value(ServiceUnitState.Owned, 2, dst=A))
+    store = MemoryCheckpointStore()
+    async with ChannelFollower(MemoryChannelLog(log)) as leader:
+        await leader.wait_applied(log.messages[-1].position)
+        saved = await checkpoints.save(store, leader.table, leader_term=7)
+        assert saved == log.messages[-1].position
+    # The tail: B1 is unloaded then tombstoned, B2 moves.
+    await writer.publish(B1, value(ServiceUnitState.Releasing, 3, src=A))
+    await writer.publish(B1, value(ServiceUnitState.Free, 4, src=A))
+    await writer.publish(B1, b"")
+    await writer.publish(B2, value(ServiceUnitState.Releasing, 3, dst=B, src=A))
+    restored = await checkpoints.restore(store)
+    assert len(restored) == 2
+    async with ChannelFollower(MemoryChannelLog(log), restored) as starter:
+        async with asyncio.timeout(2):
+            await starter.wait_ready()
+        assert dict(starter.table.items()) == dict(replay(log).items())
+        assert starter.get(B1) is None
+        assert starter.stats.accepted == 4  # only the tail was applied
+    await writer.close()
+
+
+async def test_a_stale_leader_cannot_overwrite_a_newer_checkpoint() -> None:
+    store = MemoryCheckpointStore()
+    table = StateTable()
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    position = await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
+    table.apply(position, B1, log.messages[-1].value)
+    assert await checkpoints.save(store, table, leader_term=9) == position
+    assert await checkpoints.save(store, table, leader_term=8) is None
+    assert (await store.load()).leader_term == 9
+    assert await checkpoints.save(store, StateTable(), leader_term=10) is None  # empty table
+    await writer.close()
+
+
+async def test_an_unreadable_checkpoint_falls_back_to_a_full_replay() -> None:
+    store = MemoryCheckpointStore()
+    await store.save(StoredCheckpoint(ChannelPosition(0, 5), 1, b"\x00 not a table"))
+    restored = await checkpoints.restore(store)
+    assert len(restored) == 0 and restored.last_position is None
