@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from lbd.cli import channel_dump
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.state import TOMBSTONE, to_json_object
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     verbs = parser.add_subparsers(dest="channel_command", required=True)
     _register_replay(verbs)
+    channel_dump.register(verbs)
 
 
 def _register_replay(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -111,7 +111,7 @@ async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
 async def test_checkpoint_plus_tail_equals_full_replay_with_tombstones() -> None:
     log = MemoryLog()
     writer = MemoryChannelLog(log)
-    for i, bundle in enumerate((B1, B2)):
+    for bundle in (B1, B2):
         await writer.publish(bundle, value(ServiceUnitState.Assigning, 1, dst=A))
         await writer.publish(bundle, value(ServiceUnitState.Owned, 2, dst=A))
     store = MemoryCheckpointStore()
