@@ -8,12 +8,13 @@ harmless).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.table import ChannelPosition, StateTable
-from lbd.ports.checkpoint import CheckpointStore, StoredCheckpoint
+from lbd.ports.checkpoint import CheckpointStore, CorruptCheckpointError, StoredCheckpoint
 
 _log = logging.getLogger(__name__)
 
@@ -23,8 +24,11 @@ def encode(table: StateTable, leader_term: int) -> StoredCheckpoint | None:
     position = table.last_position
     if position is None:
         return None
-    body = json.dumps(table.snapshot(), separators=(",", ":")).encode()
-    return StoredCheckpoint(position=position, leader_term=leader_term, body=body)
+    return StoredCheckpoint(position, leader_term, _serialise(table.snapshot()))
+
+
+def _serialise(snapshot: dict[str, object]) -> bytes:
+    return json.dumps(snapshot, separators=(",", ":")).encode()
 
 
 def decode(checkpoint: StoredCheckpoint) -> StateTable:
@@ -45,9 +49,13 @@ async def save(
     store: CheckpointStore, table: StateTable, leader_term: int
 ) -> ChannelPosition | None:
     """Save the table as the newest checkpoint; the position saved, or None when refused/empty."""
-    checkpoint = encode(table, leader_term)
-    if checkpoint is None:
+    position = table.last_position
+    if position is None:
         return None
+    # The snapshot is taken here, at one position; serialising megabytes of it would stall the
+    # event loop, so that part runs in a thread (the snapshot is a fresh structure nobody shares).
+    body = await asyncio.to_thread(_serialise, table.snapshot())
+    checkpoint = StoredCheckpoint(position, leader_term, body)
     if not await store.save(checkpoint):
         _log.info(
             "checkpoint at %s (term %d) refused: a newer one is stored",
@@ -69,13 +77,14 @@ async def restore(store: CheckpointStore) -> StateTable:
     """The newest checkpoint's table, or an empty table when there is none or it is unreadable.
 
     An unreadable checkpoint is logged and ignored: a full replay is slower but always right.
+    Raises :class:`~lbd.ports.errors.UnavailableError` when the store cannot be reached.
     """
-    checkpoint = await store.load()
-    if checkpoint is None:
-        return StateTable()
     try:
-        table = decode(checkpoint)
-    except InvalidInputError as e:
+        checkpoint = await store.load()
+        if checkpoint is None:
+            return StateTable()
+        table = await asyncio.to_thread(decode, checkpoint)
+    except (InvalidInputError, CorruptCheckpointError) as e:
         _log.error("ignoring the stored checkpoint, replaying the whole channel: %s", e)
         return StateTable()
     _log.info("restored checkpoint at %s with %d bundles", checkpoint.position, len(table))
