@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import SessionEvent, SessionEventKind
+from lbd.tasks import guard
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +107,6 @@ class EventHub:
             self._queues.discard(queue)
 
 
-def guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    """Start a named task whose unexpected death is logged at once (not at garbage collection)."""
-    task = asyncio.get_running_loop().create_task(coro, name=name)
-
-    def report(done: asyncio.Task[None]) -> None:
-        if not done.cancelled() and done.exception() is not None:
-            log.error("task %s died", name, exc_info=done.exception())
-
-    task.add_done_callback(report)
-    return task
-
-
 class LeaseSession:
     """Grants the lease, refreshes it every keepalive interval, and reports what happens.
 
@@ -171,7 +160,7 @@ class LeaseSession:
         sent = self._clock.monotonic()
         self._lease_id = await self._backend.grant(self._policy.lease_ttl_s)
         self._last_renewed = sent
-        self._task = guarded_task(self._keepalive(), f"{self._name}-keepalive")
+        self._task = guard(self._keepalive(), name=f"{self._name}-keepalive")
 
     def note_unreachable(self) -> None:
         """A request of the store failed for want of a connection: enter the outage now."""

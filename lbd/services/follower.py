@@ -19,7 +19,7 @@ from lbd.core.ids import BundleId
 from lbd.core.state import ServiceUnitStateData
 from lbd.core.table import ApplyResult, ChannelPosition, Outcome, StateTable
 from lbd.ports.channel import ChannelLog, ChannelMessage
-from lbd.services.tasks import cancel_and_wait, guard
+from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 

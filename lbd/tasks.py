@@ -41,14 +41,20 @@ def guard(
             if on_death is not None:
                 on_death(name, RuntimeError(f"task {name} returned"))
 
-    return asyncio.get_running_loop().create_task(guarded(), name=name)
+    def done(task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            coro.close()  # cancelled before it started: not a "never awaited" coroutine
+        else:
+            task.exception()  # seen: the guard logged it; whoever awaits the task still gets it
+
+    task = asyncio.get_running_loop().create_task(guarded(), name=name)
+    task.add_done_callback(done)
+    return task
 
 
 async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
     """Cancel ``task`` and wait for it to end, whatever it ends with. Idempotent."""
     if task is None or task.done():
-        if task is not None and not task.cancelled():
-            task.exception()  # retrieved: already logged by the guard
         return
     task.cancel()
     try:
