@@ -1,4 +1,9 @@
-"""``python -m bench [--quick]``: run the benchmarks and print one table."""
+"""``python -m bench [--quick] [--only SUITE]``: run the benchmarks and print their tables.
+
+Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates on a
+pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
+pulsar-lite it starts itself).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +12,46 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bench import core
+from bench import channel_bench, core, startup_bench
+
+SUITES = ("core", "channel", "startup")
+
+
+def _measurements(title: str, result: dict[str, float]) -> Table:
+    table = Table(title=title)
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    for name, value in result.items():
+        table.add_row(name, f"{value:,.2f}")
+    return table
 
 
 def main() -> None:
-    """Run every suite, then print a row per measurement."""
+    """Run the chosen suites and print a table for each."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller inputs (smoke run)")
+    parser.add_argument("--only", choices=SUITES, action="append", help="run only these suites")
     args = parser.parse_args()
+    suites = args.only or SUITES
     console = Console()
-    table = Table(title="lbd benchmarks")
-    table.add_column("benchmark")
-    table.add_column("ops", justify="right")
-    table.add_column("seconds", justify="right")
-    table.add_column("rate", justify="right")
-    with console.status("running benchmarks..."):
-        for r in core.run(quick=args.quick):
-            table.add_row(r.name, f"{r.ops:,}", f"{r.seconds:.3f}", f"{r.rate:,.0f} {r.unit}/s")
-    console.print(table)
+    if "core" in suites:
+        table = Table(title="core")
+        for column in ("benchmark", "ops", "seconds", "rate"):
+            table.add_column(column, justify="left" if column == "benchmark" else "right")
+        with console.status("core..."):
+            for r in core.run(quick=args.quick):
+                table.add_row(r.name, f"{r.ops:,}", f"{r.seconds:.3f}", f"{r.rate:,.0f} {r.unit}/s")
+        console.print(table)
+    if "channel" in suites:
+        n = 10_000 if args.quick else 100_000
+        with console.status(f"channel: {n:,} messages on pulsar-lite..."):
+            result = channel_bench.run(messages=n, sequential=500 if args.quick else 2_000)
+        console.print(_measurements("state channel on pulsar-lite (rates per second)", result))
+    if "startup" in suites:
+        n = 10_000 if args.quick else 100_000
+        with console.status(f"startup: {n:,} bundles..."):
+            result = startup_bench.run(bundles=n, tail=1_000)
+        console.print(_measurements("sidecar start: checkpoint + tail vs full replay", result))
 
 
 if __name__ == "__main__":
