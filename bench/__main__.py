@@ -13,17 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import channel_bench, core, startup_bench
+from bench.report import measurements_table
 
 SUITES = ("core", "channel", "startup")
-
-
-def _measurements(title: str, result: dict[str, float]) -> Table:
-    table = Table(title=title)
-    table.add_column("measurement")
-    table.add_column("value", justify="right")
-    for name, value in result.items():
-        table.add_row(name, f"{value:,.2f}")
-    return table
 
 
 def main() -> None:
@@ -46,12 +38,12 @@ def main() -> None:
         n = 10_000 if args.quick else 100_000
         with console.status(f"channel: {n:,} messages on pulsar-lite..."):
             result = channel_bench.run(messages=n, sequential=500 if args.quick else 2_000)
-        console.print(_measurements("state channel on pulsar-lite (rates per second)", result))
+        console.print(measurements_table("state channel on pulsar-lite (rates per second)", result))
     if "startup" in suites:
         n = 10_000 if args.quick else 100_000
         with console.status(f"startup: {n:,} bundles..."):
             result = startup_bench.run(bundles=n, tail=1_000)
-        console.print(_measurements("sidecar start: checkpoint + tail vs full replay", result))
+        console.print(measurements_table("sidecar start: checkpoint + tail vs full replay", result))
 
 
 if __name__ == "__main__":

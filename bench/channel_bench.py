@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Iterator
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.report import measurements_table
 from lbd.adapters.pulsar_channel import PulsarChannelLog
 from lbd.adapters.pulsar_client import PulsarConnection
 from lbd.devcluster import PulsarLiteServer
@@ -122,12 +122,7 @@ def main() -> None:
             messages=args.messages,
             concurrency=args.concurrency,
         )
-    table = Table(title="state channel on Pulsar")
-    table.add_column("measurement")
-    table.add_column("value", justify="right")
-    for name, value in result.items():
-        table.add_row(name, f"{value:,.2f}")
-    console.print(table)
+    console.print(measurements_table("state channel on Pulsar", result))
 
 
 if __name__ == "__main__":

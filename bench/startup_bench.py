@@ -15,8 +15,8 @@ import tracemalloc
 import uuid
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.report import measurements_table
 from lbd.adapters.etcd import EtcdConnection
 from lbd.adapters.etcd_checkpoint import EtcdCheckpointStore
 from lbd.adapters.pulsar_channel import PulsarChannelLog
@@ -133,12 +133,7 @@ def main() -> None:
     console = Console()
     with console.status("benchmarking start-up..."):
         result = run(bundles=args.bundles, tail=args.tail)
-    table = Table(title="sidecar start: checkpoint + tail vs full replay")
-    table.add_column("measurement")
-    table.add_column("value", justify="right")
-    for name, value in result.items():
-        table.add_row(name, f"{value:,.2f}")
-    console.print(table)
+    console.print(measurements_table("sidecar start: checkpoint + tail vs full replay", result))
 
 
 if __name__ == "__main__":

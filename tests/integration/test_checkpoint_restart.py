@@ -3,13 +3,14 @@
 import asyncio
 
 import pytest
+from channel_values import value
 
 from lbd.adapters.etcd import EtcdConnection
 from lbd.adapters.etcd_checkpoint import EtcdCheckpointStore
 from lbd.adapters.pulsar_channel import PulsarChannelLog
 from lbd.adapters.pulsar_client import PulsarConnection
-from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.ids import BundleId
+from lbd.core.state import ServiceUnitState
 from lbd.core.table import StateTable
 from lbd.devcluster.servers import EtcdServer, PulsarLiteServer
 from lbd.services import checkpoints
@@ -17,17 +18,6 @@ from lbd.services.follower import ChannelFollower
 
 pytestmark = pytest.mark.servers
 S = ServiceUnitState
-
-
-def value(state: S, version: int, dst: str | None = None, src: str | None = None) -> bytes:
-    return encode_value(
-        ServiceUnitStateData(
-            state=state,
-            version_id=version,
-            dst_broker=None if dst is None else BrokerId(dst),
-            source_broker=None if src is None else BrokerId(src),
-        )
-    )
 
 
 async def test_checkpoint_plus_tail_equals_full_replay_after_tombstones_and_restarts(

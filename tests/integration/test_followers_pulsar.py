@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from channel_values import value
 
 from lbd.adapters.pulsar_channel import PulsarChannelLog
 from lbd.adapters.pulsar_client import PulsarConnection
-from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value, to_json_object
+from lbd.core.ids import BundleId
+from lbd.core.state import ServiceUnitState, to_json_object
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.devcluster.servers import PulsarLiteServer
 from lbd.ports.errors import UnavailableError
@@ -21,17 +22,6 @@ from lbd.services.follower import ChannelFollower
 pytestmark = pytest.mark.servers
 LBD = Path(sys.executable).with_name("lbd")
 S = ServiceUnitState
-
-
-def proposal(state: S, version: int, dst: str | None, src: str | None = None) -> bytes:
-    return encode_value(
-        ServiceUnitStateData(
-            state=state,
-            version_id=version,
-            dst_broker=None if dst is None else BrokerId(dst),
-            source_broker=None if src is None else BrokerId(src),
-        )
-    )
 
 
 async def run_lbd(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -68,13 +58,13 @@ async def writer(
     last = ChannelPosition(0, -1)
     try:
         for bundle in rng.sample(bundles, len(bundles)):
-            for value in (
-                proposal(S.Assigning, 1, name),
-                proposal(S.Owned, 2, name),
-                proposal(S.Releasing, 3, None, name),
-                proposal(S.Free, 4, None, name),
+            for proposal in (
+                value(S.Assigning, 1, name),
+                value(S.Owned, 2, name),
+                value(S.Releasing, 3, None, name),
+                value(S.Free, 4, None, name),
             )[: rng.choice((2, 4))]:
-                last = max(last, await log.publish(bundle, value))
+                last = max(last, await log.publish(bundle, proposal))
     finally:
         await log.close()
         await connection.close()
@@ -153,7 +143,7 @@ async def test_followers_survive_a_kill_9_of_pulsar_without_loss_or_double_apply
                 # rejected by the resolver (same version), never applied twice.
                 while True:
                     try:
-                        last = await log.publish(bundle, proposal(state, version, dst, src))
+                        last = await log.publish(bundle, value(state, version, dst, src))
                         break
                     except UnavailableError:
                         await asyncio.sleep(0.1)

@@ -3,11 +3,12 @@
 import asyncio
 
 import pytest
+from channel_values import value
 
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.state import ServiceUnitState
 from lbd.core.table import ChannelPosition, Outcome, StateTable
 from lbd.ports.checkpoint import StoredCheckpoint
 from lbd.services import checkpoints
@@ -16,17 +17,6 @@ from lbd.services.follower import ChannelFollower
 B1 = BundleId("public/default/0x00000000_0x40000000")
 B2 = BundleId("public/default/0x40000000_0x80000000")
 A, B = BrokerId("broker-a"), BrokerId("broker-b")
-
-
-def value(state: ServiceUnitState, version: int, dst: str | None = None, src: str | None = None):
-    return encode_value(
-        ServiceUnitStateData(
-            state=state,
-            version_id=version,
-            dst_broker=None if dst is None else BrokerId(dst),
-            source_broker=None if src is None else BrokerId(src),
-        )
-    )
 
 
 def is_state(state: ServiceUnitState):
