@@ -19,3 +19,7 @@ class NotFoundError(LbdError, LookupError):
 
 class PreconditionError(LbdError):
     """The request is well formed but the current state does not allow it."""
+
+
+class DeadlineError(LbdError):
+    """An operation did not settle before its deadline (e.g. an assignment still in flight)."""

@@ -95,8 +95,18 @@ class OwnershipChange(_message.Message):
     version_id: int
     def __init__(self, bundle: _Optional[str] = ..., state: _Optional[_Union[BundleState, str]] = ..., owner_broker_id: _Optional[str] = ..., source_broker_id: _Optional[str] = ..., version_id: _Optional[int] = ...) -> None: ...
 
+class TopicStats(_message.Message):
+    __slots__ = ("topic", "msg_rate", "msg_throughput")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MSG_RATE_FIELD_NUMBER: _ClassVar[int]
+    MSG_THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    msg_rate: float
+    msg_throughput: float
+    def __init__(self, topic: _Optional[str] = ..., msg_rate: _Optional[float] = ..., msg_throughput: _Optional[float] = ...) -> None: ...
+
 class BundleStats(_message.Message):
-    __slots__ = ("bundle", "msg_rate_in", "msg_rate_out", "msg_throughput_in", "msg_throughput_out", "topics", "producer_count", "consumer_count")
+    __slots__ = ("bundle", "msg_rate_in", "msg_rate_out", "msg_throughput_in", "msg_throughput_out", "topics", "producer_count", "consumer_count", "topic_stats")
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
     MSG_RATE_IN_FIELD_NUMBER: _ClassVar[int]
     MSG_RATE_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +115,7 @@ class BundleStats(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_COUNT_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_STATS_FIELD_NUMBER: _ClassVar[int]
     bundle: str
     msg_rate_in: float
     msg_rate_out: float
@@ -113,7 +124,8 @@ class BundleStats(_message.Message):
     topics: int
     producer_count: int
     consumer_count: int
-    def __init__(self, bundle: _Optional[str] = ..., msg_rate_in: _Optional[float] = ..., msg_rate_out: _Optional[float] = ..., msg_throughput_in: _Optional[float] = ..., msg_throughput_out: _Optional[float] = ..., topics: _Optional[int] = ..., producer_count: _Optional[int] = ..., consumer_count: _Optional[int] = ...) -> None: ...
+    topic_stats: _containers.RepeatedCompositeFieldContainer[TopicStats]
+    def __init__(self, bundle: _Optional[str] = ..., msg_rate_in: _Optional[float] = ..., msg_rate_out: _Optional[float] = ..., msg_throughput_in: _Optional[float] = ..., msg_throughput_out: _Optional[float] = ..., topics: _Optional[int] = ..., producer_count: _Optional[int] = ..., consumer_count: _Optional[int] = ..., topic_stats: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ...) -> None: ...
 
 class ResourceUsage(_message.Message):
     __slots__ = ("usage", "limit")
@@ -422,3 +434,13 @@ class RebalanceResponse(_message.Message):
     avg: float
     std: float
     def __init__(self, decisions: _Optional[_Iterable[_Union[UnloadDecision, _Mapping]]] = ..., skip_reason: _Optional[str] = ..., avg: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("scenario_json",)
+    SCENARIO_JSON_FIELD_NUMBER: _ClassVar[int]
+    scenario_json: str
+    def __init__(self, scenario_json: _Optional[str] = ...) -> None: ...

@@ -251,6 +251,11 @@ class AdminStub:
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.RebalanceRequest.SerializeToString,
                 response_deserializer=lbd_dot_v1_dot_lbd__pb2.RebalanceResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_unary(
+                '/lbd.v1.Admin/Snapshot',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -322,6 +327,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """The leader's load snapshot in the scenario format (`lbd ctl snapshot`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -379,6 +391,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Rebalance,
                     request_deserializer=lbd_dot_v1_dot_lbd__pb2.RebalanceRequest.FromString,
                     response_serializer=lbd_dot_v1_dot_lbd__pb2.RebalanceResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -678,6 +695,33 @@ class Admin:
             '/lbd.v1.Admin/Rebalance',
             lbd_dot_v1_dot_lbd__pb2.RebalanceRequest.SerializeToString,
             lbd_dot_v1_dot_lbd__pb2.RebalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Snapshot',
+            lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
