@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 EXTRAS ?= dev
 PY := $(VENV)/bin/python
+DEV_STATE ?= .state/dev
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
-.PHONY: setup etcd run test test-unit lint proto bench clean
+.PHONY: setup setup-analytics java etcd run test test-unit lint proto bench clean
 
 setup: $(STAMP) etcd ## venv + install (idempotent), etcd-server via apt when missing
 
@@ -17,19 +18,40 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
+# The tests and the linters cover the Spark pipeline too: they install the analytics extra and
+# need Java for Spark. `make run` needs neither.
+ANALYTICS_STAMP := $(VENV)/.installed-dev-analytics
+
+setup-analytics: $(ANALYTICS_STAMP) etcd java ## setup plus the analytics extra (pyspark...)
+
+$(ANALYTICS_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,analytics]'
+	touch $@
+
+java:
+	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java 17+: installing it with apt"; \
+	sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); $$sudo apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive \
+	apt-get install -y -q --no-install-recommends openjdk-17-jre-headless; }
+
 etcd:
 	@bash scripts/ensure-etcd.sh
 
-run: setup ## the main job: until the sidecar exists, a live dry run of the core
-	$(VENV)/bin/lbd demo
+run: setup ## the main job: a local 3-broker cluster with traffic, watched live until Ctrl-C
+	@$(VENV)/bin/lbd dev up --brokers 3 --state-dir $(DEV_STATE) --traffic || exit $$?; \
+	trap '$(VENV)/bin/lbd dev down --state-dir $(DEV_STATE)' EXIT; trap 'exit 130' INT TERM; \
+	$(VENV)/bin/lbd ctl --server "$$($(VENV)/bin/lbd dev addr --state-dir $(DEV_STATE))" watch
 
-test: setup ## the whole suite, real etcd and pulsar-lite included
+test: setup-analytics ## the whole suite: real etcd, pulsar-lite and Spark local mode included
 	$(PY) -m pytest
 
 test-unit: setup ## the pure, server-free tests only
 	$(PY) -m pytest tests/unit
 
-lint: setup ## ruff, mypy (--strict on the core), import-linter layers, generated code up to date
+lint: setup-analytics ## ruff, mypy (--strict on the core), import-linter layers, generated code up to date
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy lbd

@@ -2,7 +2,8 @@
 
 Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates on a
 pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
-pulsar-lite it starts itself).
+pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
+kill -9, on a dev cluster it starts itself).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bench import channel_bench, core, startup_bench
+from bench import channel_bench, core, sidecar_bench, startup_bench
 from bench.report import measurements_table
 
-SUITES = ("core", "channel", "startup")
+SUITES = ("core", "channel", "startup", "sidecar")
 
 
 def main() -> None:
@@ -44,6 +45,11 @@ def main() -> None:
         with console.status(f"startup: {n:,} bundles..."):
             result = startup_bench.run(bundles=n, tail=1_000)
         console.print(measurements_table("sidecar start: checkpoint + tail vs full replay", result))
+    if "sidecar" in suites:
+        lookups = 1_000 if args.quick else 5_000
+        with console.status(f"sidecar: a dev cluster, {lookups:,} lookups, kill -9..."):
+            result = sidecar_bench.run(bundles=32 if args.quick else 128, lookups=lookups)
+        console.print(measurements_table("sidecar on a 3-broker dev cluster", result))
 
 
 if __name__ == "__main__":

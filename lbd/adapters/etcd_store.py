@@ -115,6 +115,12 @@ class EtcdMetadataStore:
     async def _put_registration(self, broker: BrokerId, info: bytes, lease_id: int) -> None:
         await self._conn.put(self._keys.broker(broker), info, lease_id)
 
+    async def deregister_broker(self, broker: BrokerId) -> None:
+        """Delete ``brokers/<broker>``; it is no longer re-written under a new lease."""
+        self._registrations.pop(broker, None)
+        key = self._keys.broker(broker)
+        await self._conn.call(lambda c: c.delete(key), f"delete {key.decode()}")
+
     async def list_brokers(self) -> tuple[dict[BrokerId, bytes], int]:
         """Live registrations and the revision they were read at."""
         kvs, revision = await self._conn.list_prefix(self._keys.brokers)

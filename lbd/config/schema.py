@@ -420,7 +420,8 @@ class HistorySettings(Section):
     flush_interval_s: Seconds = 60.0
     """Buffered rows are written at least this often, bounding what a crash loses."""
     buffer_max_rows: int = Field(default=10000, gt=0)
-    """Rows buffered before an early flush, bounding memory."""
+    """The most rows held in memory: a flush starts early at half of it, and past it the oldest
+    rows are dropped and counted (a history target that stays down never grows memory)."""
 
 
 class LoggingSettings(Section):

@@ -7,7 +7,10 @@ multiplied by a weight, divided by 100; it is smoothed with ``ema = h * old + (1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
@@ -126,6 +129,37 @@ class BrokerLoadData:
             updated_at_ms=now_ms,
         )
 
+    def to_json(self) -> bytes:
+        """The value published on the broker-load topic (every field present)."""
+        return _dump(
+            {
+                "broker": self.broker,
+                "usage": _usage_to_dict(self.usage),
+                "max_resource_usage": self.max_resource_usage,
+                "weighted_max_ema": self.weighted_max_ema,
+                "msg_throughput_ema": self.msg_throughput_ema,
+                "updated_at_ms": self.updated_at_ms,
+                "reported_at_ms": self.reported_at_ms,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> BrokerLoadData:
+        """Read a published value; InvalidInputError naming the field that is wrong.
+
+        ``broker`` is required; absent numbers read as 0, unknown fields are ignored.
+        """
+        obj = _load(raw, "broker load data")
+        return cls(
+            broker=_broker(obj, "broker load data"),
+            usage=_usage_from_dict(obj.get("usage", {}), "broker load data.usage"),
+            max_resource_usage=_number(obj, "max_resource_usage", "broker load data"),
+            weighted_max_ema=_number(obj, "weighted_max_ema", "broker load data"),
+            msg_throughput_ema=_number(obj, "msg_throughput_ema", "broker load data"),
+            updated_at_ms=_count(obj, "updated_at_ms", "broker load data"),
+            reported_at_ms=_count(obj, "reported_at_ms", "broker load data"),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class BundleLoad:
@@ -154,3 +188,133 @@ class BundleLoad:
     def sessions(self) -> int:
         """Producers plus consumers (Pulsar's split ``sessions`` threshold)."""
         return self.consumer_count + self.producer_count
+
+
+@dataclass(frozen=True, slots=True)
+class TopBundlesLoadData:
+    """What a sidecar publishes on the top-bundles topic: its broker's busiest bundles."""
+
+    broker: BrokerId
+    bundles: tuple[BundleLoad, ...] = ()
+
+    def to_json(self) -> bytes:
+        """The published value."""
+        return _dump(
+            {
+                "broker": self.broker,
+                "bundles": [
+                    {f.name: getattr(b, f.name) for f in fields(BundleLoad)} for b in self.bundles
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> TopBundlesLoadData:
+        """Read a published value; InvalidInputError naming the field that is wrong."""
+        obj = _load(raw, "top bundles load data")
+        items = obj.get("bundles", [])
+        if not isinstance(items, list):
+            raise InvalidInputError(f"top bundles load data: bundles must be a list, got {items!r}")
+        return cls(
+            broker=_broker(obj, "top bundles load data"),
+            bundles=tuple(
+                _bundle_load_from_dict(item, f"top bundles load data.bundles[{i}]")
+                for i, item in enumerate(items)
+            ),
+        )
+
+
+# --- JSON helpers of the codecs above --------------------------------------------------------
+
+_RESOURCES = ("cpu", "memory", "direct_memory", "bandwidth_in", "bandwidth_out")
+
+
+def _dump(obj: Mapping[str, object]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _load(raw: bytes | str, what: str) -> Mapping[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"{what} is not valid JSON: {e}") from None
+    return _object(obj, what)
+
+
+def _object(obj: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(obj, dict):
+        raise InvalidInputError(f"{what} must be a JSON object, got {obj!r}")
+    return obj
+
+
+def _broker(obj: Mapping[str, Any], what: str) -> BrokerId:
+    broker = obj.get("broker")
+    if not isinstance(broker, str) or not broker.strip():
+        raise InvalidInputError(f"{what}: broker must be a non-blank string, got {broker!r}")
+    return BrokerId(broker)
+
+
+def _number(obj: Mapping[str, Any], name: str, what: str) -> float:
+    value = obj.get(name, 0.0)
+    if value is None:
+        return 0.0
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidInputError(f"{what}: {name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _count(obj: Mapping[str, Any], name: str, what: str) -> int:
+    value = obj.get(name, 0)
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(f"{what}: {name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _usage_to_dict(u: BrokerUsage) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for f in fields(BrokerUsage):
+        value = getattr(u, f.name)
+        out[f.name] = (
+            {"usage": value.usage, "limit": value.limit}
+            if isinstance(value, ResourceUsage)
+            else value
+        )
+    return out
+
+
+def _usage_from_dict(obj: object, what: str) -> BrokerUsage:
+    data = _object(obj, what)
+    resources = {name: _resource(data.get(name, {}), f"{what}.{name}") for name in _RESOURCES}
+    return BrokerUsage(
+        **resources,
+        msg_throughput_in=_number(data, "msg_throughput_in", what),
+        msg_throughput_out=_number(data, "msg_throughput_out", what),
+        msg_rate_in=_number(data, "msg_rate_in", what),
+        msg_rate_out=_number(data, "msg_rate_out", what),
+        bundle_count=_count(data, "bundle_count", what),
+        topics=_count(data, "topics", what),
+    )
+
+
+def _resource(obj: object, what: str) -> ResourceUsage:
+    data = _object(obj, what)
+    return ResourceUsage(usage=_number(data, "usage", what), limit=_number(data, "limit", what))
+
+
+def _bundle_load_from_dict(obj: object, what: str) -> BundleLoad:
+    data = _object(obj, what)
+    bundle = data.get("bundle")
+    if not isinstance(bundle, str) or not bundle.strip():
+        raise InvalidInputError(f"{what}: bundle must be a non-blank string, got {bundle!r}")
+    return BundleLoad(
+        bundle=BundleId(bundle),
+        msg_throughput_in=_number(data, "msg_throughput_in", what),
+        msg_throughput_out=_number(data, "msg_throughput_out", what),
+        msg_rate_in=_number(data, "msg_rate_in", what),
+        msg_rate_out=_number(data, "msg_rate_out", what),
+        topics=_count(data, "topics", what),
+        consumer_count=_count(data, "consumer_count", what),
+        producer_count=_count(data, "producer_count", what),
+    )

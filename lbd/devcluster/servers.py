@@ -219,10 +219,31 @@ class ManagedServer(abc.ABC):
         self._forget_process()
 
     def freeze(self) -> None:
-        """Suspend the process (SIGSTOP): it holds its ports and data but answers nothing."""
+        """Suspend the process (SIGSTOP): it holds its ports and data but answers nothing.
+
+        Returns once every thread is stopped: SIGSTOP lands asynchronously, and a request sent
+        right after the signal could otherwise still be answered.
+        """
         self._require_running("freeze")
         self._signal(signal.SIGSTOP)
         self._frozen = True
+        self._wait_all_threads_stopped()
+
+    def _wait_all_threads_stopped(self, timeout_s: float = 2.0) -> None:
+        tasks = Path(f"/proc/{self.pid}/task")
+        if not tasks.is_dir():
+            return  # not Linux: nothing to look at, the signal is all we have
+        deadline = time.monotonic() + timeout_s
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                with contextlib.suppress(OSError):
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            if states and all(state in ("T", "t") for state in states):
+                return
+            time.sleep(0.005)
+        raise ServerError(f"{self} did not stop after SIGSTOP: thread states {states}")
 
     def thaw(self) -> None:
         """Resume a frozen process (SIGCONT); harmless if it runs already."""

@@ -97,6 +97,10 @@ class MetadataStore(Protocol):
         """
         ...
 
+    async def deregister_broker(self, broker: BrokerId) -> None:
+        """Delete ``brokers/<broker>`` and stop re-writing it after a new lease (idempotent)."""
+        ...
+
     async def list_brokers(self) -> tuple[dict[BrokerId, bytes], int]:
         """Every live registration and the store revision the listing was read at."""
         ...

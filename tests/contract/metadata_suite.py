@@ -223,6 +223,22 @@ class MetadataStoreContract:
         assert back.lease_id != lost.lease_id
         assert (await observer.list_brokers())[0] == {A: b"a"}
 
+    async def test_a_deregistered_broker_stays_away_after_a_new_lease(
+        self, harness: MetadataHarness
+    ) -> None:
+        s = await harness.store()
+        observer = await harness.store()
+        await s.register_broker(A, b"a")
+        await s.register_broker(B, b"b")
+        await s.deregister_broker(A)
+        await s.deregister_broker(A)  # idempotent
+        assert (await observer.list_brokers())[0] == {B: b"b"}
+        async with aclosing(s.session_events()) as events:
+            await harness.lose_lease(s)
+            assert (await next_event(harness, events)).kind is SessionEventKind.LEASE_LOST
+            assert (await next_event(harness, events)).kind is SessionEventKind.RECONNECTED
+        assert (await observer.list_brokers())[0] == {B: b"b"}
+
     async def test_shutdown_policy_ends_the_session_loudly(self, harness: MetadataHarness) -> None:
         s = await harness.store(
             SessionPolicy(

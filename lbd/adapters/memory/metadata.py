@@ -234,6 +234,11 @@ class MemoryMetadataStore:
         self._registrations[broker] = info
         self._call(lambda: self._cluster.put(_BROKERS + broker, info, self._session.lease_id))
 
+    async def deregister_broker(self, broker: BrokerId) -> None:
+        """Delete ``brokers/<broker>``; it is no longer restored under a new lease."""
+        self._registrations.pop(broker, None)
+        self._call(lambda: self._cluster.delete(_BROKERS + broker))
+
     async def list_brokers(self) -> tuple[dict[BrokerId, bytes], int]:
         """Live registrations and the revision."""
         found, revision = self._call(lambda: self._cluster.list(_BROKERS))

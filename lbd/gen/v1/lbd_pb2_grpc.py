@@ -63,7 +63,7 @@ class LoadBalancerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchOwnership(self, request, context):
-        """Every ownership change from now on (after the current state of each matching bundle).
+        """The current value of every matching bundle, then every ownership change from now on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,7 +188,9 @@ class LoadBalancer:
 
 
 class AdminStub:
-    """Missing associated documentation comment in .proto file."""
+    """Operator calls. Split runs on the bundle owner's sidecar, Rebalance and Snapshot on the leader's:
+    any sidecar forwards them there.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -259,70 +261,83 @@ class AdminStub:
 
 
 class AdminServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Operator calls. Split runs on the bundle owner's sidecar, Rebalance and Snapshot on the leader's:
+    any sidecar forwards them there.
+    """
 
     def Assign(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Assign a bundle (or a topic's bundle) that has no owner, optionally to a given broker.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Transfer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Move an Owned bundle to another broker.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Unload(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Unload an Owned bundle (it becomes Free).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Split(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Split an Owned bundle.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListBrokers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every registered broker.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetLeader(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The current leader and its term.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListBundles(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Every bundle of a namespace (or of all) with its state and owner.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateNamespace(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Create a namespace; FAILED_PRECONDITION when it exists.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SetNamespacePolicies(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Replace a namespace's policies.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetLoad(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Per-broker load, with its mean and standard deviation.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Rebalance(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Run the shedder now (on the leader); with dry_run, only propose.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -406,7 +421,9 @@ def add_AdminServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Admin:
-    """Missing associated documentation comment in .proto file."""
+    """Operator calls. Split runs on the bundle owner's sidecar, Rebalance and Snapshot on the leader's:
+    any sidecar forwards them there.
+    """
 
     @staticmethod
     def Assign(request,

@@ -1,0 +1,284 @@
+"""``lbd.v1.Admin``: the operator's calls (``grpcurl``, ``lbd ctl``).
+
+Reads (brokers, leader, bundles, load) are answered from this sidecar's own view. Changes go to
+:class:`~lbd.services.operations.Operations` and the namespace service. Split must run on the
+bundle owner's sidecar and Rebalance/Snapshot on the leader's: when that is another sidecar, the
+call is forwarded there (:mod:`lbd.api.forwarding`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from lbd.api import convert
+from lbd.api.forwarding import Forwarder
+from lbd.core.broker import BrokerInfo
+from lbd.core.bundles import SplitAlgorithm
+from lbd.core.errors import InvalidInputError, PreconditionError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData
+from lbd.core.names import NamespaceName
+from lbd.core.namespace import NamespacePolicies
+from lbd.core.shedding import mean_and_std, scenario_to_json
+from lbd.core.state import ServiceUnitState
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.ports.loadstore import LoadStore
+
+if TYPE_CHECKING:
+    from lbd.services.follower import ChannelFollower
+    from lbd.services.leader import LeaderElector
+    from lbd.services.lookup import LookupService
+    from lbd.services.namespaces import NamespaceService
+    from lbd.services.operations import Operations
+    from lbd.services.registry import BrokerRegistry
+    from lbd.services.shedding import UnloadScheduler
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminDeps:
+    """What the Admin service reads and drives; built by the composition root."""
+
+    me: BrokerId
+    registry: BrokerRegistry
+    namespaces: NamespaceService
+    follower: ChannelFollower
+    operations: Operations
+    lookup: LookupService
+    elector: LeaderElector
+    unload_scheduler: UnloadScheduler
+    broker_loads: LoadStore
+    """The broker-load topic as this sidecar reads it (every sidecar does, for assignment)."""
+    load_data_ttl_ms: int
+    clock: Clock
+    forwarder: Forwarder
+
+
+class AdminServicer(lbd_pb2_grpc.AdminServicer):
+    """Every Admin RPC of the proto."""
+
+    def __init__(self, deps: AdminDeps) -> None:
+        self._d = deps
+
+    # -- ownership changes -------------------------------------------------------------------
+
+    async def Assign(
+        self, request: lbd_pb2.AssignRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.AssignResponse:
+        """Assign a bundle (given, or the topic's) that has no owner."""
+        if bool(request.bundle) == bool(request.topic):
+            raise InvalidInputError("set exactly one of bundle and topic")
+        if request.bundle:
+            bundle = convert.bundle_id(request.bundle)
+        else:
+            bundle = await self._d.lookup.bundle_of(request.topic)
+        dst = convert.optional(request.dst_broker_id)
+        owner = await self._d.operations.assign(bundle, None if dst is None else BrokerId(dst))
+        return lbd_pb2.AssignResponse(bundle=bundle, owner_broker_id=owner)
+
+    async def Transfer(
+        self, request: lbd_pb2.TransferRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.TransferResponse:
+        """Move an Owned bundle to another broker."""
+        bundle = convert.bundle_id(request.bundle)
+        dst = convert.broker_id(request.dst_broker_id, "dst_broker_id")
+        src, new_owner = await self._d.operations.transfer(bundle, dst)
+        return lbd_pb2.TransferResponse(bundle=bundle, src_broker_id=src, dst_broker_id=new_owner)
+
+    async def Unload(
+        self, request: lbd_pb2.UnloadRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.UnloadResponse:
+        """Unload an Owned bundle."""
+        bundle = convert.bundle_id(request.bundle)
+        src = await self._d.operations.unload(bundle)
+        return lbd_pb2.UnloadResponse(bundle=bundle, src_broker_id=src)
+
+    async def Split(
+        self, request: lbd_pb2.SplitRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.SplitResponse:
+        """Split an Owned bundle, on its owner's sidecar."""
+        bundle = convert.bundle_id(request.bundle)
+        algorithm = SplitAlgorithm.parse(
+            request.algorithm or SplitAlgorithm.RANGE_EQUALLY_DIVIDE.value
+        )
+        value = self._d.follower.get(bundle)
+        owner = value.dst_broker if value is not None else None
+        if (
+            value is not None
+            and value.state is ServiceUnitState.Owned
+            and owner is not None
+            and owner != self._d.me
+        ):
+            target = self._sidecar_of(owner, f"the owner of {bundle}")
+            response: lbd_pb2.SplitResponse = await self._d.forwarder.call(
+                target.sidecar_grpc_addr,
+                lambda stub: stub.Split,
+                request,
+                context,
+                what=f"{bundle} is owned by {owner}, not by {self._d.me}",
+            )
+            return response
+        # Owned here, or not Owned at all: Operations says why it cannot split then.
+        outcome = await self._d.operations.split(bundle, algorithm, list(request.boundaries))
+        return lbd_pb2.SplitResponse(
+            parent=outcome.parent,
+            children=list(outcome.children),
+            owner_broker_id=outcome.owner,
+        )
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def ListBrokers(
+        self, request: lbd_pb2.ListBrokersRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.ListBrokersResponse:
+        """Every registered broker, with whether it leads and how many bundles it owns."""
+        owned: dict[str, int] = {}
+        for _, value in self._d.follower.table.items():
+            if value.state is ServiceUnitState.Owned and value.dst_broker is not None:
+                owned[value.dst_broker] = owned.get(value.dst_broker, 0) + 1
+        leader = self._d.elector.leader
+        brokers = self._d.registry.brokers()
+        return lbd_pb2.ListBrokersResponse(
+            brokers=[
+                lbd_pb2.BrokerStatus(
+                    info=convert.broker_info_to_proto(brokers[broker]),
+                    leader=leader is not None and leader.broker == broker,
+                    owned_bundles=owned.get(broker, 0),
+                )
+                for broker in sorted(brokers)
+            ]
+        )
+
+    async def GetLeader(
+        self, request: lbd_pb2.GetLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.GetLeaderResponse:
+        """The leader as this sidecar knows it (empty while nobody leads)."""
+        leader = self._d.elector.leader
+        if leader is None:
+            return lbd_pb2.GetLeaderResponse()
+        return lbd_pb2.GetLeaderResponse(broker_id=leader.broker, term=leader.term)
+
+    async def ListBundles(
+        self, request: lbd_pb2.ListBundlesRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.ListBundlesResponse:
+        """Every bundle of the namespace (or of all namespaces), with its value in the table."""
+        if request.namespace:
+            # Fresh from the store, not the cache: another sidecar may have split since.
+            records = [await self._d.namespaces.refresh(NamespaceName.parse(request.namespace))]
+        else:
+            records = await self._d.namespaces.list()
+        bundles: list[BundleId] = sorted(
+            b.id for record in records for b in record.bundles().bundles()
+        )
+        return lbd_pb2.ListBundlesResponse(
+            bundles=[convert.bundle_info(b, self._d.follower.get(b)) for b in bundles]
+        )
+
+    async def GetLoad(
+        self, request: lbd_pb2.GetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.GetLoadResponse:
+        """The brokers' fresh load data as this sidecar received it, with mean and std."""
+        raw = self._d.broker_loads.latest(self._d.clock.now_ms(), self._d.load_data_ttl_ms)
+        loads: list[BrokerLoadData] = []
+        for key, value in raw.items():
+            try:
+                loads.append(BrokerLoadData.from_json(value))
+            except InvalidInputError as e:
+                _log.warning("GetLoad: skipped the unreadable load data of %s: %s", key, e)
+        avg, std = mean_and_std(d.weighted_max_ema for d in loads)
+        return convert.load_response(loads, avg, std)
+
+    # -- namespaces --------------------------------------------------------------------------
+
+    async def CreateNamespace(
+        self, request: lbd_pb2.CreateNamespaceRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.CreateNamespaceResponse:
+        """Create a namespace of equal bundles."""
+        name = NamespaceName.parse(request.namespace)
+        if request.bundles < 0:
+            raise InvalidInputError(f"bundles must be >= 0 (0: the default), got {request.bundles}")
+        policies = (
+            convert.policies_from_proto(request.policies)
+            if request.HasField("policies")
+            else NamespacePolicies()
+        )
+        record = await self._d.namespaces.create(name, request.bundles or None, policies)
+        return convert.namespace_response(record)
+
+    async def SetNamespacePolicies(
+        self, request: lbd_pb2.SetNamespacePoliciesRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.SetNamespacePoliciesResponse:
+        """Replace a namespace's policies."""
+        name = NamespaceName.parse(request.namespace)
+        policies = convert.policies_from_proto(request.policies)
+        await self._d.namespaces.set_policies(name, policies)
+        _log.info("namespace %s: policies set to %s (Admin)", name, policies.to_dict())
+        return lbd_pb2.SetNamespacePoliciesResponse()
+
+    # -- the leader's calls ------------------------------------------------------------------
+
+    async def Rebalance(
+        self, request: lbd_pb2.RebalanceRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.RebalanceResponse:
+        """Run the shedder now on the leader (only propose with ``dry_run``)."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.RebalanceResponse = await self._forward_to_leader(
+                lambda stub: stub.Rebalance, request, context
+            )
+            return response
+        result = await self._d.unload_scheduler.run_once(dry_run=request.dry_run)
+        return convert.rebalance_response(result)
+
+    async def Snapshot(
+        self, request: lbd_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.SnapshotResponse:
+        """The leader's load snapshot in the scenario format."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.SnapshotResponse = await self._forward_to_leader(
+                lambda stub: stub.Snapshot, request, context
+            )
+            return response
+        scenario = self._d.unload_scheduler.snapshot()
+        return lbd_pb2.SnapshotResponse(scenario_json=json.dumps(scenario_to_json(scenario)))
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _sidecar_of(self, broker: BrokerId, role: str) -> BrokerInfo:
+        info = self._d.registry.get(broker)
+        if info is None:
+            raise UnavailableError(f"{role}, {broker}, is not registered; retry once it is back")
+        if not info.sidecar_grpc_addr:
+            raise UnavailableError(f"{role}, {broker}, did not register its sidecar's address")
+        return info
+
+    async def _forward_to_leader(
+        self,
+        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> Any:
+        leader = self._d.elector.leader
+        if leader is None:
+            raise UnavailableError("no leader is elected right now; retry shortly")
+        if leader.broker == self._d.me:
+            raise PreconditionError(
+                f"{self._d.me} was elected leader but is not running the leader duties yet; "
+                "retry shortly"
+            )
+        target = self._sidecar_of(leader.broker, "the leader")
+        return await self._d.forwarder.call(
+            target.sidecar_grpc_addr,
+            method,
+            request,
+            context,
+            what=f"{leader.broker} leads, not {self._d.me}",
+        )

@@ -1,0 +1,299 @@
+"""Protobuf <-> core types, in both directions, with nothing else in between.
+
+Incoming messages are validated here, where the proto field names are known, so a bad field is
+reported to the caller by its proto name (INVALID_ARGUMENT). An empty proto string means "not
+set"; it becomes None in the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from lbd.core.broker import (
+    BrokerInfo,
+    BrokerMessage,
+    CommandAck,
+    Hello,
+    LoadReport,
+    OwnCommand,
+    ReleaseCommand,
+    SidecarMessage,
+)
+from lbd.core.bundles import TopicLoad, parse_bundle_id
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies, NamespaceRecord
+from lbd.core.shedding import SheddingResult
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.gen.v1 import lbd_pb2
+
+if TYPE_CHECKING:
+    from lbd.services.lookup import LookupResult
+
+_STATES: Mapping[ServiceUnitState, lbd_pb2.BundleState] = {
+    ServiceUnitState.Init: lbd_pb2.BUNDLE_STATE_INIT,
+    ServiceUnitState.Free: lbd_pb2.BUNDLE_STATE_FREE,
+    ServiceUnitState.Owned: lbd_pb2.BUNDLE_STATE_OWNED,
+    ServiceUnitState.Assigning: lbd_pb2.BUNDLE_STATE_ASSIGNING,
+    ServiceUnitState.Releasing: lbd_pb2.BUNDLE_STATE_RELEASING,
+    ServiceUnitState.Splitting: lbd_pb2.BUNDLE_STATE_SPLITTING,
+    ServiceUnitState.Deleted: lbd_pb2.BUNDLE_STATE_DELETED,
+}
+
+
+def optional(text: str) -> str | None:
+    """A proto string field as the core sees it: None when empty."""
+    return text or None
+
+
+def broker_id(text: str, field: str) -> BrokerId:
+    """A required broker id field; InvalidInputError naming ``field`` when blank."""
+    if not text.strip():
+        raise InvalidInputError(f"{field} is required")
+    return BrokerId(text.strip())
+
+
+def bundle_id(text: str, field: str = "bundle") -> BundleId:
+    """A bundle id field in its canonical spelling; InvalidInputError naming ``field``."""
+    if not text:
+        raise InvalidInputError(f"{field} is required (tenant/namespace/0xLLLLLLLL_0xHHHHHHHH)")
+    return parse_bundle_id(text).id
+
+
+# -- states and bundles ----------------------------------------------------------------------
+
+
+def state_to_proto(state: ServiceUnitState) -> lbd_pb2.BundleState:
+    """A state as the proto enum."""
+    return _STATES[state]
+
+
+def bundle_info(bundle: BundleId, value: ServiceUnitStateData | None) -> lbd_pb2.BundleInfo:
+    """One bundle's value (None: Init) for ListBundles."""
+    if value is None:
+        return lbd_pb2.BundleInfo(bundle=bundle, state=lbd_pb2.BUNDLE_STATE_INIT)
+    return lbd_pb2.BundleInfo(
+        bundle=bundle,
+        state=state_to_proto(value.state),
+        owner_broker_id=value.dst_broker or "",
+        source_broker_id=value.source_broker or "",
+        version_id=value.version_id,
+    )
+
+
+def ownership_change(
+    bundle: BundleId, value: ServiceUnitStateData | None
+) -> lbd_pb2.OwnershipChange:
+    """One bundle's value (None: tombstoned, Init) for WatchOwnership."""
+    info = bundle_info(bundle, value)
+    return lbd_pb2.OwnershipChange(
+        bundle=info.bundle,
+        state=info.state,
+        owner_broker_id=info.owner_broker_id,
+        source_broker_id=info.source_broker_id,
+        version_id=info.version_id,
+    )
+
+
+# -- brokers ---------------------------------------------------------------------------------
+
+
+def broker_info_to_proto(info: BrokerInfo) -> lbd_pb2.BrokerInfo:
+    """A registration as the proto message."""
+    return lbd_pb2.BrokerInfo(
+        broker_id=info.broker_id,
+        service_url=info.service_url,
+        service_url_tls=info.service_url_tls,
+        web_service_url=info.web_service_url,
+        version=info.version,
+        start_time_ms=info.start_time_ms,
+        sidecar_grpc_addr=info.sidecar_grpc_addr,
+    )
+
+
+def broker_info_from_proto(msg: lbd_pb2.BrokerInfo) -> BrokerInfo:
+    """A broker's Hello; InvalidInputError when its id is missing or a field is bad."""
+    if not msg.broker_id.strip():
+        raise InvalidInputError("hello.broker_id is required")
+    return BrokerInfo(
+        broker_id=BrokerId(msg.broker_id),
+        service_url=msg.service_url,
+        service_url_tls=msg.service_url_tls,
+        web_service_url=msg.web_service_url,
+        version=msg.version,
+        start_time_ms=msg.start_time_ms,
+        sidecar_grpc_addr=msg.sidecar_grpc_addr,
+    )
+
+
+def owner_urls(info: BrokerInfo) -> lbd_pb2.OwnerUrls:
+    """The URLs clients of ``info``'s broker connect to."""
+    return lbd_pb2.OwnerUrls(
+        service_url=info.service_url,
+        service_url_tls=info.service_url_tls,
+        web_service_url=info.web_service_url,
+    )
+
+
+def lookup_response(result: LookupResult) -> lbd_pb2.LookupResponse:
+    """A lookup's answer."""
+    response = lbd_pb2.LookupResponse(
+        bundle=result.bundle,
+        state=state_to_proto(result.state),
+        owner_broker_id=result.owner_id or "",
+    )
+    if result.owner is not None:
+        response.owner.CopyFrom(owner_urls(result.owner))
+    return response
+
+
+# -- the broker session ----------------------------------------------------------------------
+
+
+def _usage(msg: lbd_pb2.ResourceUsage, field: str) -> ResourceUsage:
+    if msg.usage < 0 or msg.limit < 0:
+        raise InvalidInputError(f"load.{field}: usage and limit must be >= 0")
+    return ResourceUsage(usage=msg.usage, limit=msg.limit)
+
+
+def _bundle_load(msg: lbd_pb2.BundleStats) -> BundleLoad:
+    return BundleLoad(
+        bundle=bundle_id(msg.bundle, "load.bundles.bundle"),
+        msg_throughput_in=msg.msg_throughput_in,
+        msg_throughput_out=msg.msg_throughput_out,
+        msg_rate_in=msg.msg_rate_in,
+        msg_rate_out=msg.msg_rate_out,
+        topics=msg.topics,
+        consumer_count=msg.consumer_count,
+        producer_count=msg.producer_count,
+    )
+
+
+def load_report_from_proto(msg: lbd_pb2.LoadReport) -> LoadReport:
+    """A broker's load report; the broker-wide rates are the sums over its bundles."""
+    bundles = tuple(_bundle_load(b) for b in msg.bundles)
+    topics = {
+        load.bundle: tuple(
+            TopicLoad(t.topic, msg_rate=t.msg_rate, throughput=t.msg_throughput)
+            for t in stats.topic_stats
+        )
+        for load, stats in zip(bundles, msg.bundles, strict=True)
+        if stats.topic_stats
+    }
+    usage = BrokerUsage(
+        cpu=_usage(msg.cpu, "cpu"),
+        memory=_usage(msg.memory, "memory"),
+        direct_memory=_usage(msg.direct_memory, "direct_memory"),
+        bandwidth_in=_usage(msg.bandwidth_in, "bandwidth_in"),
+        bandwidth_out=_usage(msg.bandwidth_out, "bandwidth_out"),
+        msg_throughput_in=sum(b.msg_throughput_in for b in bundles),
+        msg_throughput_out=sum(b.msg_throughput_out for b in bundles),
+        msg_rate_in=sum(b.msg_rate_in for b in bundles),
+        msg_rate_out=sum(b.msg_rate_out for b in bundles),
+        bundle_count=len(bundles),
+        topics=sum(b.topics for b in bundles),
+    )
+    return LoadReport(usage=usage, bundles=bundles, topics=topics)
+
+
+def broker_message_from_proto(msg: lbd_pb2.BrokerMessage) -> BrokerMessage:
+    """One message of the broker's stream; InvalidInputError when it carries nothing."""
+    kind = msg.WhichOneof("kind")
+    if kind == "hello":
+        return Hello(broker_info_from_proto(msg.hello))
+    if kind == "load":
+        return load_report_from_proto(msg.load)
+    if kind == "ack":
+        return CommandAck(command_id=msg.ack.command_id, ok=msg.ack.ok, error=msg.ack.error)
+    raise InvalidInputError("a BrokerMessage must set one of hello, load or ack")
+
+
+def sidecar_message_to_proto(msg: SidecarMessage) -> lbd_pb2.SidecarMessage:
+    """One command to the broker."""
+    out = lbd_pb2.SidecarMessage(command_id=msg.command_id)
+    command = msg.command
+    if isinstance(command, OwnCommand):
+        out.own.bundle = command.bundle
+    elif isinstance(command, ReleaseCommand):
+        out.release.bundle = command.bundle
+        if command.new_owner is not None:
+            out.release.new_owner_broker_id = command.new_owner.broker_id
+            out.release.new_owner.CopyFrom(owner_urls(command.new_owner))
+    else:
+        out.close.bundle = command.bundle
+        out.close.reason = command.reason
+    return out
+
+
+# -- namespaces ------------------------------------------------------------------------------
+
+
+def policies_from_proto(msg: lbd_pb2.NamespacePolicies) -> NamespacePolicies:
+    """Namespace policies; isolation applies when ``isolation_primary`` is set."""
+    isolation = None
+    if msg.isolation_primary:
+        isolation = IsolationPolicy(
+            primary=tuple(msg.isolation_primary),
+            secondary=tuple(msg.isolation_secondary),
+            min_available_primaries=(
+                msg.isolation_min_primaries if msg.HasField("isolation_min_primaries") else 1
+            ),
+        )
+    elif msg.isolation_secondary or msg.HasField("isolation_min_primaries"):
+        raise InvalidInputError(
+            "policies: isolation_secondary and isolation_min_primaries need isolation_primary"
+        )
+    return NamespacePolicies(
+        isolation=isolation,
+        anti_affinity_group=optional(msg.anti_affinity_group),
+        max_bundles=msg.max_bundles if msg.HasField("max_bundles") else None,
+    )
+
+
+def namespace_response(record: NamespaceRecord) -> lbd_pb2.CreateNamespaceResponse:
+    """A namespace and its bundle ids, in hash order."""
+    return lbd_pb2.CreateNamespaceResponse(
+        namespace=str(record.name), bundles=[b.id for b in record.bundles().bundles()]
+    )
+
+
+# -- load and shedding -----------------------------------------------------------------------
+
+
+def load_response(
+    loads: Iterable[BrokerLoadData], avg: float, std: float
+) -> lbd_pb2.GetLoadResponse:
+    """Per-broker load, sorted by broker id, with its mean and standard deviation."""
+    return lbd_pb2.GetLoadResponse(
+        brokers=[
+            lbd_pb2.BrokerLoad(
+                broker_id=d.broker,
+                load=d.weighted_max_ema,
+                msg_throughput=d.msg_throughput_ema,
+                updated_at_ms=d.updated_at_ms,
+            )
+            for d in sorted(loads, key=lambda d: d.broker)
+        ],
+        avg=avg,
+        std=std,
+    )
+
+
+def rebalance_response(result: SheddingResult) -> lbd_pb2.RebalanceResponse:
+    """A shedding cycle's decisions, or why there are none."""
+    return lbd_pb2.RebalanceResponse(
+        decisions=[
+            lbd_pb2.UnloadDecision(
+                bundle=d.bundle,
+                src_broker_id=d.src,
+                dst_broker_id=d.dst or "",
+                reason=d.reason.value,
+            )
+            for d in result.decisions
+        ],
+        skip_reason=result.skip_reason.value if result.skip_reason is not None else "",
+        avg=result.avg,
+        std=result.std,
+    )

@@ -1,0 +1,91 @@
+"""Forwarding Admin calls to the sidecar that must run them.
+
+Split runs on the bundle owner's sidecar and Rebalance/Snapshot on the leader's; any sidecar
+accepts them and forwards them there over gRPC (the address is the target's
+``BrokerInfo.sidecar_grpc_addr``). A forwarded call carries the ``x-lbd-forwarded`` marker: a
+sidecar that receives a marked call it cannot run itself refuses it instead of forwarding it
+again, so a stale view (the owner or leader just changed) cannot make calls loop. The caller's
+``authorization`` goes along, since sidecars of one cluster share the admin token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from lbd.api.auth import AUTHORIZATION
+from lbd.api.tracing import inject_context
+from lbd.core.errors import PreconditionError
+from lbd.gen.v1 import lbd_pb2_grpc
+
+_log = logging.getLogger(__name__)
+
+FORWARDED = "x-lbd-forwarded"
+"""Metadata key marking a call one sidecar forwarded to another; its value is the sender's id."""
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Deadline of a forwarded call when the caller set none (a split waits for its children)."""
+
+
+def forwarded_by(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The broker id of the sidecar that forwarded this call, or None for a first-hand call."""
+    for key, value in metadata or ():
+        if key == FORWARDED:
+            return str(value)
+    return None
+
+
+class Forwarder:
+    """Calls the Admin service of other sidecars; one channel per address, kept open."""
+
+    def __init__(self, me: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._me = me
+        self._timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def call(
+        self,
+        addr: str,
+        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        *,
+        what: str,
+    ) -> Any:
+        """Send ``request`` to ``method`` of the Admin service at ``addr``; its response.
+
+        ``what`` says why this sidecar does not run the call itself (for the log and for the
+        refusal of a call that was forwarded already). A failed call raises its
+        :class:`grpc.aio.AioRpcError`, which the error mapping passes on to the caller as it is.
+        """
+        incoming = context.invocation_metadata() or ()
+        sender = forwarded_by(incoming)
+        if sender is not None:
+            raise PreconditionError(
+                f"{what}, and the call was already forwarded here by {sender}; the cluster's "
+                "view is changing, retry"
+            )
+        metadata: list[tuple[str, str]] = [(FORWARDED, self._me)]
+        metadata += [(k, v) for k, v in incoming if k == AUTHORIZATION and isinstance(v, str)]
+        inject_context(metadata)
+        remaining = context.time_remaining()
+        timeout = self._timeout_s if remaining is None else min(remaining, self._timeout_s)
+        _log.info("forwarding %s to %s: %s", type(request).__name__, addr, what)
+        stub = lbd_pb2_grpc.AdminStub(self._channel(addr))
+        return await method(stub)(request, metadata=tuple(metadata), timeout=timeout)
+
+    def _channel(self, addr: str) -> grpc.aio.Channel:
+        channel = self._channels.get(addr)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(addr)
+            self._channels[addr] = channel
+        return channel
+
+    async def close(self) -> None:
+        """Close every channel. Idempotent."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()

@@ -1,0 +1,87 @@
+"""Wrapping gRPC method handlers: the one mechanism behind the error, auth and tracing layers.
+
+A grpc.aio interceptor sees a handler, not the call; to act around the call it returns a new
+handler whose behaviour wraps the old one. :class:`CallWrapper` says what to do around a call
+that returns one response and around one that streams them; :func:`wrap_handler` builds the new
+handler for any of the four RPC shapes.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+Call = Callable[[], Awaitable[Any]]
+"""Runs the wrapped unary-response behaviour and returns its response."""
+StreamCall = Callable[[], AsyncIterator[Any]]
+"""Runs the wrapped streaming-response behaviour and iterates its responses."""
+
+LBD_SERVICE_PREFIX = "/lbd.v1."
+"""Method names of lbd's own services start with this (health and reflection do not)."""
+
+
+def is_lbd_method(method: str) -> bool:
+    """Whether ``method`` (``/package.Service/Method``) belongs to lbd's own services."""
+    return method.startswith(LBD_SERVICE_PREFIX)
+
+
+class CallWrapper(abc.ABC):
+    """What an interceptor does around one call of ``method``."""
+
+    @abc.abstractmethod
+    async def unary(self, method: str, context: grpc.aio.ServicerContext, call: Call) -> Any:
+        """Around a call answering with one response; return that response."""
+
+    @abc.abstractmethod
+    def stream(
+        self, method: str, context: grpc.aio.ServicerContext, call: StreamCall
+    ) -> AsyncIterator[Any]:
+        """Around a call streaming its responses; yield them."""
+
+
+def wrap_handler(
+    handler: grpc.RpcMethodHandler, method: str, wrapper: CallWrapper
+) -> grpc.RpcMethodHandler:
+    """``handler`` with each call passed through ``wrapper``."""
+    if handler.request_streaming and handler.response_streaming:
+        inner, make = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        inner, make = handler.stream_unary, grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        inner, make = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+    else:
+        inner, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+
+    if handler.response_streaming:
+        # grpc.aio tells streaming behaviours by their being async generator functions.
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = wrapper.stream(method, context, lambda: _responses(inner(request, context)))
+            async for response in call:
+                yield response
+
+        behaviour: Callable[..., Any] = streaming
+    else:
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await wrapper.unary(method, context, lambda: inner(request, context))
+
+        behaviour = unary
+    return make(
+        behaviour,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+async def _responses(result: Any) -> AsyncIterator[Any]:
+    """The responses of a streaming behaviour, whether it is an async generator or a coroutine
+    that writes them with ``context.write`` (then there is nothing to yield)."""
+    if inspect.isawaitable(result):
+        await result
+        return
+    async for response in result:
+        yield response

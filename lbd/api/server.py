@@ -1,0 +1,122 @@
+"""The sidecar's gRPC server: LoadBalancer and Admin, server reflection, ``grpc.health.v1``.
+
+Interceptors run outermost first: tracing (the span sees the final status), the admin token,
+then the error mapping closest to the servicers. Health is NOT_SERVING until the app says the
+sidecar can answer (follower caught up, registry started) and again while it is fenced; the
+overall status ("") and each lbd service's share the same value.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.trace import TracerProvider
+
+from lbd.api.admin import AdminServicer
+from lbd.api.auth import AdminAuthInterceptor
+from lbd.api.errors import ErrorInterceptor
+from lbd.api.loadbalancer import LoadBalancerServicer
+from lbd.api.tracing import TracingInterceptor
+from lbd.core.errors import InvalidInputError
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.services.fencing import Fence
+
+_log = logging.getLogger(__name__)
+
+SERVICE_NAMES = tuple(
+    lbd_pb2.DESCRIPTOR.services_by_name[name].full_name for name in ("LoadBalancer", "Admin")
+)
+"""Fully qualified names of lbd's services (``lbd.v1.LoadBalancer``, ``lbd.v1.Admin``)."""
+
+
+class ApiServer:
+    """The gRPC server of one sidecar; :meth:`start` binds, :meth:`stop` drains with a grace."""
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        loadbalancer: LoadBalancerServicer,
+        admin: AdminServicer,
+        admin_token: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self._addr = addr
+        interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
+        if admin_token:
+            interceptors.append(AdminAuthInterceptor(admin_token))
+        interceptors.append(ErrorInterceptor())
+        self._server = grpc.aio.server(interceptors=interceptors)
+        lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, self._server)
+        lbd_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (
+                *SERVICE_NAMES,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._server,
+        )
+        self._port: int | None = None
+        self._serving: bool | None = None
+        self._stopped = False
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0); only after :meth:`start`."""
+        if self._port is None:
+            raise RuntimeError("the gRPC server is not started")
+        return self._port
+
+    async def start(self) -> None:
+        """Bind the address and start serving, NOT_SERVING until :meth:`set_serving`."""
+        await self.set_serving(False)
+        try:
+            port = self._server.add_insecure_port(self._addr)
+        except RuntimeError as e:
+            raise InvalidInputError(f"grpc.addr {self._addr}: cannot listen there: {e}") from e
+        if port == 0:
+            raise InvalidInputError(f"grpc.addr {self._addr}: cannot listen there")
+        await self._server.start()
+        self._port = port
+        _log.info("gRPC server listening on %s (port %d)", self._addr, port)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING on the health service; logs each change once."""
+        if serving == self._serving:
+            return
+        self._serving = serving
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", *SERVICE_NAMES):
+            await self._health.set(service, status)
+        if self._port is not None:
+            _log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls, give running ones ``grace_s`` seconds, then cancel them.
+
+        Idempotent; health watchers are told NOT_SERVING first so that clients move away.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace_s)
+        _log.info("gRPC server stopped")
+
+
+async def track_fence(server: ApiServer, fence: Fence) -> None:
+    """Keep the server's health SERVING unless the sidecar is fenced; runs until cancelled."""
+    states = fence.states()  # subscribed before the first read: no change is missed
+    await server.set_serving(not fence.fenced)
+    async for fenced in states:
+        await server.set_serving(not fenced)

@@ -1,0 +1,210 @@
+"""``lbd ctl``: operate a running cluster through one sidecar's gRPC API.
+
+Any sidecar will do: calls that need the leader or a bundle's owner are forwarded by the sidecar.
+Answers are tables by default and JSON with ``--output json``; a failed call prints
+``lbd: error: <STATUS>: <message>`` and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from google.protobuf.message import Message
+from rich.console import Console, RenderableType
+
+from lbd.core.errors import InvalidInputError, LbdError
+from lbd.ctl import render
+from lbd.ctl.client import DEFAULT_TIMEOUT_S, SidecarClient
+from lbd.ctl.watch import watch
+
+TOKEN_ENV = "LBD_GRPC__ADMIN_TOKEN"
+WATCH_TIMEOUT_S = 2.0
+"""Deadline of each call of the live view: a hung sidecar must not freeze the screen."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``lbd ctl`` and its verbs."""
+    p = sub.add_parser(
+        "ctl", help="operate a running cluster through a sidecar", description=__doc__
+    )
+    p.add_argument("--server", required=True, metavar="HOST:PORT", help="a sidecar's gRPC address")
+    p.add_argument(
+        "--token", metavar="T", help=f"admin bearer token (default: env {TOKEN_ENV}, if set)"
+    )
+    p.add_argument("--output", choices=("table", "json"), default="table")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"deadline of each call in seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    verbs = p.add_subparsers(dest="ctl_command", metavar="VERB", required=True)
+
+    v = verbs.add_parser("lookup", help="a topic's bundle and owner (assigns it if needed)")
+    v.add_argument("topic")
+    v.add_argument("--read-only", action="store_true", help="never start an assignment")
+    verbs.add_parser("brokers", help="registered brokers")
+    v = verbs.add_parser("bundles", help="bundles with their state and owner")
+    v.add_argument("--namespace", default="", metavar="NS", help="only this tenant/namespace")
+    verbs.add_parser("leader", help="the leader and its term")
+    verbs.add_parser("load", help="per-broker load, average and standard deviation")
+    v = verbs.add_parser("assign", help="assign a bundle (or a topic's bundle)")
+    v.add_argument("target", metavar="BUNDLE|TOPIC")
+    v.add_argument("--dst", metavar="BROKER", help="where to assign (default: the strategy picks)")
+    v = verbs.add_parser("transfer", help="move an owned bundle to another broker")
+    v.add_argument("bundle")
+    v.add_argument("dst", metavar="DST_BROKER")
+    v = verbs.add_parser("unload", help="free an owned bundle (the next lookup re-assigns it)")
+    v.add_argument("bundle")
+    v = verbs.add_parser("split", help="split an owned bundle")
+    v.add_argument("bundle")
+    v.add_argument("--algorithm", default="", metavar="A", help="default: range_equally_divide")
+    v.add_argument(
+        "--boundaries",
+        type=parse_boundaries,
+        default=[],
+        metavar="0x..,0x..",
+        help="split points for specified_positions_divide",
+    )
+    v = verbs.add_parser("rebalance", help="run the shedder now")
+    v.add_argument("--dry-run", action="store_true", help="only propose, move nothing")
+    v = verbs.add_parser("snapshot", help="the leader's load snapshot as a scenario file")
+    v.add_argument("--out", type=Path, metavar="FILE", help="write here (default: stdout)")
+    v = verbs.add_parser("create-namespace", help="create a namespace")
+    v.add_argument("namespace", metavar="NS")
+    v.add_argument("--bundles", type=int, default=0, metavar="N", help="default: the sidecar's")
+    verbs.add_parser("watch", help="a live view of the cluster until Ctrl-C")
+    p.set_defaults(func=run)
+
+
+def parse_boundaries(text: str) -> list[int]:
+    """``0x10000000,0x20000000`` (hex with 0x, or decimal) -> the hash values."""
+    points: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part, 16) if part.lower().startswith("0x") else int(part, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a hash value (0x followed by hex digits, or decimal)"
+            ) from None
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise argparse.ArgumentTypeError(f"{part} is outside the hash space 0..0xffffffff")
+        points.append(value)
+    return points
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one ``lbd ctl`` verb."""
+    if args.timeout <= 0:
+        raise InvalidInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    console = Console()
+    timeout = WATCH_TIMEOUT_S if args.ctl_command == "watch" else args.timeout
+    with SidecarClient(args.server, token=token, timeout_s=timeout) as client:
+        if args.ctl_command == "watch":
+            watch(client, console)
+            return 0
+        if args.ctl_command == "snapshot":
+            return _snapshot(client, args.out)
+        message, table = _VERBS[args.ctl_command](client, args)
+    if args.output == "json":
+        print(render.to_json(message))
+    else:
+        console.print(table)
+    return 0
+
+
+_Shown = tuple[Message, RenderableType]
+
+
+def _lookup(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.lookup(a.topic, read_only=a.read_only)
+    return r, render.lookup_table(a.topic, r)
+
+
+def _brokers(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.brokers()
+    return r, render.brokers_table(r)
+
+
+def _bundles(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.bundles(a.namespace)
+    return r, render.bundles_table(r)
+
+
+def _leader(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.leader()
+    return r, render.leader_table(r)
+
+
+def _load(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.load()
+    return r, render.load_table(r)
+
+
+def _assign(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.assign(a.target, a.dst)
+    return r, render.fields_table("assigned", r)
+
+
+def _transfer(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.transfer(a.bundle, a.dst)
+    return r, render.fields_table("transferred", r)
+
+
+def _unload(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.unload(a.bundle)
+    return r, render.fields_table("unloaded", r)
+
+
+def _split(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.split(a.bundle, a.algorithm, a.boundaries)
+    return r, render.fields_table("split", r)
+
+
+def _rebalance(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.rebalance(dry_run=a.dry_run)
+    return r, render.rebalance_table(r, dry_run=a.dry_run)
+
+
+def _create_namespace(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    if a.bundles < 0:
+        raise InvalidInputError(f"--bundles must be >= 1 (or 0 for the default), got {a.bundles}")
+    r = c.create_namespace(a.namespace, a.bundles)
+    return r, render.fields_table("namespace created", r)
+
+
+_VERBS: dict[str, Callable[[SidecarClient, argparse.Namespace], _Shown]] = {
+    "lookup": _lookup,
+    "brokers": _brokers,
+    "bundles": _bundles,
+    "leader": _leader,
+    "load": _load,
+    "assign": _assign,
+    "transfer": _transfer,
+    "unload": _unload,
+    "split": _split,
+    "rebalance": _rebalance,
+    "create-namespace": _create_namespace,
+}
+
+
+def _snapshot(client: SidecarClient, out: Path | None) -> int:
+    text = client.snapshot().scenario_json
+    try:
+        scenario = json.dumps(json.loads(text), indent=2) + "\n"
+    except json.JSONDecodeError as e:
+        raise LbdError(f"the sidecar sent a snapshot that is not JSON: {e.msg}") from None
+    if out is None:
+        sys.stdout.write(scenario)
+    else:
+        out.write_text(scenario, encoding="utf-8")
+        print(f"wrote the cluster's load snapshot to {out} (try: lbd shed --scenario {out})")
+    return 0

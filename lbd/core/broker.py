@@ -1,0 +1,185 @@
+"""A broker as the sidecars know it, and the messages of its session with its sidecar.
+
+:class:`BrokerInfo` is the value of ``brokers/<broker_id>`` in the metadata store (JSON). The
+rest are the core types of the ``BrokerSession`` stream (DESIGN §5): what a broker sends
+(:class:`Hello`, :class:`LoadReport`, :class:`CommandAck`) and what its sidecar sends (a
+:class:`SidecarMessage` carrying an :class:`OwnCommand`, :class:`ReleaseCommand` or
+:class:`CloseCommand`). The API layer converts protobuf to and from these; the services never
+see protobuf.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from lbd.core.bundles import TopicLoad
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerUsage, BundleLoad
+
+_URL_FIELDS = ("service_url", "service_url_tls", "web_service_url", "version", "sidecar_grpc_addr")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """What a broker tells about itself; stored under ``brokers/<broker_id>`` as JSON.
+
+    Every field but the id may be empty ("not known"); ``sidecar_grpc_addr`` is filled in by the
+    sidecar, which is where admin requests for this broker are forwarded.
+    """
+
+    broker_id: BrokerId
+    service_url: str = ""
+    service_url_tls: str = ""
+    web_service_url: str = ""
+    version: str = ""
+    start_time_ms: int = 0
+    sidecar_grpc_addr: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.broker_id, str) or not self.broker_id.strip():
+            raise InvalidInputError(
+                f"broker info: broker_id must be non-blank, got {self.broker_id!r}"
+            )
+        if self.broker_id != self.broker_id.strip():
+            raise InvalidInputError(
+                f"broker info: broker_id {self.broker_id!r} has surrounding spaces"
+            )
+        for name in _URL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InvalidInputError(f"broker info: {name} must be a string, got {value!r}")
+        start = self.start_time_ms
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise InvalidInputError(
+                f"broker info: start_time_ms must be an integer >= 0, got {start!r}"
+            )
+
+    def to_json(self) -> bytes:
+        """The stored JSON value (every field present)."""
+        return json.dumps(
+            {
+                "broker_id": self.broker_id,
+                "service_url": self.service_url,
+                "service_url_tls": self.service_url_tls,
+                "web_service_url": self.web_service_url,
+                "version": self.version,
+                "start_time_ms": self.start_time_ms,
+                "sidecar_grpc_addr": self.sidecar_grpc_addr,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> BrokerInfo:
+        """Read a stored value; InvalidInputError naming what is wrong.
+
+        ``broker_id`` is required; absent or null text fields read as empty and an absent
+        ``start_time_ms`` as 0; unknown fields are ignored (a newer sidecar may add some).
+        """
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InvalidInputError(f"broker info is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise InvalidInputError(f"broker info must be a JSON object, got {obj!r}")
+        broker = obj.get("broker_id")
+        if not isinstance(broker, str):
+            raise InvalidInputError(f"broker info: broker_id must be a string, got {broker!r}")
+        texts: dict[str, Any] = {}
+        for name in _URL_FIELDS:
+            value = obj.get(name)
+            texts[name] = "" if value is None else value
+        start = obj.get("start_time_ms")
+        return cls(
+            broker_id=BrokerId(broker),
+            start_time_ms=0 if start is None else start,
+            **texts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The first message of a broker's session: who the broker is."""
+
+    info: BrokerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """A broker's load: its resource usage, per-bundle stats and, optionally, per-topic stats.
+
+    ``topics`` maps a bundle to its busiest topics (the input of the topic_count and flow_or_qps
+    split algorithms); a bundle without topic stats is absent.
+    """
+
+    usage: BrokerUsage = field(default_factory=BrokerUsage)
+    bundles: tuple[BundleLoad, ...] = ()
+    topics: Mapping[BundleId, tuple[TopicLoad, ...]] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        seen: set[BundleId] = set()
+        for load in self.bundles:
+            if load.bundle in seen:
+                raise InvalidInputError(f"load report: bundle {load.bundle} is reported twice")
+            seen.add(load.bundle)
+        object.__setattr__(self, "topics", MappingProxyType(dict(self.topics)))
+
+    def bundle(self, bundle: BundleId) -> BundleLoad | None:
+        """The stats of one bundle, or None when the report has none."""
+        return next((b for b in self.bundles if b.bundle == bundle), None)
+
+    def topics_of(self, bundle: BundleId) -> tuple[TopicLoad, ...]:
+        """The topic stats of one bundle (empty when the broker sent none)."""
+        return self.topics.get(bundle, ())
+
+
+@dataclass(frozen=True, slots=True)
+class CommandAck:
+    """A broker's answer to the command ``command_id``: done (``ok``) or not, and why not."""
+
+    command_id: int
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnCommand:
+    """Start serving ``bundle``."""
+
+    bundle: BundleId
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseCommand:
+    """Stop serving ``bundle``; clients go to ``new_owner`` (None for a plain unload)."""
+
+    bundle: BundleId
+    new_owner: BrokerInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseCommand:
+    """Stop serving ``bundle`` at once (split parent, reconcile, self-fencing), and why."""
+
+    bundle: BundleId
+    reason: str = ""
+
+
+Command = OwnCommand | ReleaseCommand | CloseCommand
+"""What a sidecar tells its broker to do."""
+
+BrokerMessage = Hello | LoadReport | CommandAck
+"""What a broker sends its sidecar."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarMessage:
+    """One command to the broker; the broker echoes ``command_id`` in its :class:`CommandAck`."""
+
+    command_id: int
+    command: Command

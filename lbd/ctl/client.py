@@ -1,0 +1,135 @@
+"""A blocking client of one sidecar's ``LoadBalancer`` and ``Admin`` services.
+
+Every failed call raises :class:`RpcFailure`, whose message is ``<STATUS>: <details>``, so the
+command line can print it as one line; a call never hangs longer than its deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Self, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from lbd.core.errors import LbdError
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 15.0
+"""Deadline of one call: above the sidecar's own assignment deadline, so that it answers first."""
+
+_CONNECT_FAILURE = "failed to connect"
+"""How grpc's own details begin when no connection could be made (not the server's message)."""
+
+_Response = TypeVar("_Response", bound=Message)
+
+
+class RpcFailure(LbdError):
+    """A call ended with a non-OK status; ``code`` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code = code
+        self.details = details
+        super().__init__(f"{code.name}: {details}" if details else code.name)
+
+
+class SidecarClient:
+    """Calls to the sidecar at ``server`` (HOST:PORT), with a bearer token when given."""
+
+    def __init__(
+        self, server: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        self.server = server
+        self._timeout_s = timeout_s
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = grpc.insecure_channel(server)
+        self._lb = lbd_pb2_grpc.LoadBalancerStub(self._channel)
+        self._admin = lbd_pb2_grpc.AdminStub(self._channel)
+
+    def lookup(self, topic: str, *, read_only: bool = False) -> lbd_pb2.LookupResponse:
+        """The topic's bundle and owner, assigning the bundle unless ``read_only``."""
+        return self._call(self._lb.Lookup, lbd_pb2.LookupRequest(topic=topic, read_only=read_only))
+
+    def assign(self, target: str, dst: str | None) -> lbd_pb2.AssignResponse:
+        """Assign a bundle (an id) or a topic's bundle (a name with ``://``), to ``dst`` if set."""
+        request = lbd_pb2.AssignRequest(dst_broker_id=dst or "")
+        if "://" in target:
+            request.topic = target
+        else:
+            request.bundle = target
+        return self._call(self._admin.Assign, request)
+
+    def transfer(self, bundle: str, dst: str) -> lbd_pb2.TransferResponse:
+        """Move an owned bundle to ``dst``."""
+        request = lbd_pb2.TransferRequest(bundle=bundle, dst_broker_id=dst)
+        return self._call(self._admin.Transfer, request)
+
+    def unload(self, bundle: str) -> lbd_pb2.UnloadResponse:
+        """Free an owned bundle; the next lookup assigns it again."""
+        return self._call(self._admin.Unload, lbd_pb2.UnloadRequest(bundle=bundle))
+
+    def split(
+        self, bundle: str, algorithm: str, boundaries: Sequence[int]
+    ) -> lbd_pb2.SplitResponse:
+        """Split an owned bundle."""
+        request = lbd_pb2.SplitRequest(bundle=bundle, algorithm=algorithm, boundaries=boundaries)
+        return self._call(self._admin.Split, request)
+
+    def brokers(self) -> lbd_pb2.ListBrokersResponse:
+        """Registered brokers, with the leader and their owned-bundle counts."""
+        return self._call(self._admin.ListBrokers, lbd_pb2.ListBrokersRequest())
+
+    def leader(self) -> lbd_pb2.GetLeaderResponse:
+        """The leader and its term."""
+        return self._call(self._admin.GetLeader, lbd_pb2.GetLeaderRequest())
+
+    def bundles(self, namespace: str = "") -> lbd_pb2.ListBundlesResponse:
+        """Bundles of one namespace, or of all when ``namespace`` is empty."""
+        request = lbd_pb2.ListBundlesRequest(namespace=namespace)
+        return self._call(self._admin.ListBundles, request)
+
+    def create_namespace(self, namespace: str, bundles: int) -> lbd_pb2.CreateNamespaceResponse:
+        """Create a namespace with ``bundles`` equal bundles (0: the sidecar's default)."""
+        request = lbd_pb2.CreateNamespaceRequest(namespace=namespace, bundles=bundles)
+        return self._call(self._admin.CreateNamespace, request)
+
+    def load(self) -> lbd_pb2.GetLoadResponse:
+        """Per-broker load, average and standard deviation."""
+        return self._call(self._admin.GetLoad, lbd_pb2.GetLoadRequest())
+
+    def rebalance(self, *, dry_run: bool) -> lbd_pb2.RebalanceResponse:
+        """Run the shedder now (only propose with ``dry_run``)."""
+        return self._call(self._admin.Rebalance, lbd_pb2.RebalanceRequest(dry_run=dry_run))
+
+    def snapshot(self) -> lbd_pb2.SnapshotResponse:
+        """The leader's load snapshot in the scenario format (DESIGN §7)."""
+        return self._call(self._admin.Snapshot, lbd_pb2.SnapshotRequest())
+
+    def close(self) -> None:
+        """Close the channel; idempotent."""
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., _Response], request: Message) -> _Response:
+        try:
+            return method(request, timeout=self._timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            # Every error a blocking call raises is also a grpc.Call with a code and details.
+            code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+            details = e.details() if isinstance(e, grpc.Call) else str(e)
+            if code is grpc.StatusCode.UNAVAILABLE and (
+                not details or details.startswith(_CONNECT_FAILURE)
+            ):
+                details = f"cannot reach the sidecar at {self.server} ({details or 'no answer'})"
+            raise RpcFailure(code, details or "") from None

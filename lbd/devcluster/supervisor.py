@@ -1,0 +1,245 @@
+"""The detached supervisor of a dev cluster: ``python -m lbd.devcluster.supervisor``.
+
+Started by :func:`lbd.devcluster.cluster.up` in a session of its own. It forks once so that the
+launcher returns at once (after writing the supervisor's pid), then starts etcd, pulsar-lite, the
+sidecars and the simulated brokers as its children (they die with it), waits until every sidecar
+is SERVING and sees every broker registered, with ``--traffic`` creates and assigns the traffic
+namespace, and writes ``cluster.json``. It then sleeps until SIGTERM or SIGINT, stops its
+children in reverse order and removes ``cluster.json`` and its pid file. Its own log is
+``supervisor.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.errors import LbdError
+from lbd.core.names import NamespaceName
+from lbd.ctl.client import RpcFailure, SidecarClient
+from lbd.devcluster.cluster import (
+    CLUSTER_FILE,
+    CLUSTER_NAME,
+    PID_FILE,
+    SUPERVISOR_LOG,
+    TRAFFIC_MSG_RATE,
+    TRAFFIC_NAMESPACE,
+    DevCluster,
+    DevClusterSpec,
+    NodeRecord,
+    ProcessRecord,
+    process_start_ticks,
+)
+from lbd.devcluster.ports import free_ports
+from lbd.devcluster.processes import SidecarProcess, SimBrokerProcess, settings_env
+from lbd.devcluster.servers import EtcdServer, ManagedServer, PulsarLiteServer
+from lbd.sim.workload import Workload, WorkloadSpec
+
+_log = logging.getLogger("lbd.devcluster")
+
+SIDECAR_START_TIMEOUT_S = 60.0
+REGISTRATION_TIMEOUT_S = 30.0
+CHILD_STOP_TIMEOUT_S = 5.0
+_POLL_S = 0.2
+
+
+class _Stop(BaseException):
+    """Raised by the signal handler to unwind whatever the supervisor is doing."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the spec, detach, run the cluster until signalled."""
+    parser = argparse.ArgumentParser(prog="python -m lbd.devcluster.supervisor")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--brokers", type=int, required=True)
+    parser.add_argument("--namespace-bundles", type=int, required=True)
+    parser.add_argument("--traffic", action="store_true")
+    parser.add_argument("--set", action="append", default=[], dest="settings")
+    args = parser.parse_args(argv)
+    state_dir: Path = args.state_dir.resolve()
+    spec = DevClusterSpec(args.brokers, args.traffic, {}, args.namespace_bundles).with_overrides(
+        args.settings
+    )
+    _detach(state_dir)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return _supervise(state_dir, spec)
+
+
+def _detach(state_dir: Path) -> None:
+    """Fork; the parent records the child's pid and exits, the child logs to the log file."""
+    log_fd = os.open(state_dir / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    pid = os.fork()
+    if pid > 0:
+        (state_dir / PID_FILE).write_text(f"{pid}\n")
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(devnull)
+    os.close(log_fd)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _supervise(state_dir: Path, spec: DevClusterSpec) -> int:
+    children: list[ManagedServer] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_stop)
+    code = 0
+    try:
+        cluster = _start(state_dir, spec, children)
+        tmp = state_dir / f"{CLUSTER_FILE}.tmp"
+        tmp.write_text(cluster.to_json(), encoding="utf-8")
+        tmp.replace(state_dir / CLUSTER_FILE)
+        _log.info("dev cluster ready: %s", state_dir / CLUSTER_FILE)
+        while True:
+            signal.pause()
+    except _Stop as e:
+        _log.info("%s: stopping the dev cluster", e)
+    except Exception:
+        _log.exception("the dev cluster failed")
+        code = 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        for child in reversed(children):
+            _log.info("stopping %s", child)
+            child.stop(CHILD_STOP_TIMEOUT_S)
+        (state_dir / CLUSTER_FILE).unlink(missing_ok=True)
+        (state_dir / PID_FILE).unlink(missing_ok=True)
+        _log.info("dev cluster stopped")
+    return code
+
+
+def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer]) -> DevCluster:
+    """Start every process (appended to ``children`` as soon as it exists) and wait until ready."""
+    for old in (*state_dir.glob("broker-*"), state_dir / "etcd", state_dir / "pulsar"):
+        shutil.rmtree(old, ignore_errors=True)
+    etcd = EtcdServer(state_dir / "etcd")
+    children.append(etcd)
+    etcd.start()
+    pulsar = PulsarLiteServer(state_dir / "pulsar", log_level="warn")
+    children.append(pulsar)
+    pulsar.start()
+    _log.info("etcd at %s, pulsar-lite at %s", etcd.client_url, pulsar.service_url)
+
+    env = settings_env(spec.settings)
+    ports = iter(free_ports(2 * spec.brokers))
+    sidecars: list[SidecarProcess] = []
+    for i in range(1, spec.brokers + 1):
+        sidecar = SidecarProcess(
+            state_dir / f"broker-{i}",
+            broker_id=f"broker-{i}",
+            grpc_port=next(ports),
+            metrics_port=next(ports),
+            cluster=CLUSTER_NAME,
+            etcd_endpoint=etcd.client_url,
+            pulsar_url=pulsar.service_url,
+            env=env,
+            start_timeout_s=SIDECAR_START_TIMEOUT_S,
+        )
+        children.append(sidecar)
+        sidecar.start()
+        sidecars.append(sidecar)
+        _log.info("sidecar %s serving at %s", sidecar.broker_id, sidecar.grpc_addr)
+
+    sims: list[SimBrokerProcess] = []
+    for sidecar in sidecars:
+        sim = SimBrokerProcess(
+            sidecar.workdir,
+            broker_id=sidecar.broker_id,
+            sidecar_addr=sidecar.grpc_addr,
+            msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
+            seed=0,  # one seed for all: a bundle's traffic moves with it
+            env=env,
+        )
+        children.append(sim)
+        sim.start()
+        sims.append(sim)
+
+    clients = [SidecarClient(s.grpc_addr, timeout_s=10.0) for s in sidecars]
+    try:
+        _wait_registered(clients, spec.brokers)
+        if spec.traffic:
+            clients[0].create_namespace(TRAFFIC_NAMESPACE, spec.namespace_bundles)
+            _log.info("namespace %s: %d bundles", TRAFFIC_NAMESPACE, spec.namespace_bundles)
+            _assign_every_bundle(clients, spec.namespace_bundles)
+    finally:
+        for client in clients:
+            client.close()
+
+    return DevCluster(
+        cluster=CLUSTER_NAME,
+        state_dir=str(state_dir),
+        etcd_endpoint=etcd.client_url,
+        pulsar_url=pulsar.service_url,
+        supervisor=_record(os.getpid(), state_dir / SUPERVISOR_LOG),
+        etcd=_record(etcd.pid, etcd.log_path),
+        pulsar=_record(pulsar.pid, pulsar.log_path),
+        nodes=tuple(
+            NodeRecord(
+                broker_id=sidecar.broker_id,
+                grpc_addr=sidecar.grpc_addr,
+                metrics_addr=sidecar.metrics_addr,
+                sidecar=_record(sidecar.pid, sidecar.log_path),
+                broker=_record(sim.pid, sim.log_path),
+                events_file=str(sim.events_path),
+            )
+            for sidecar, sim in zip(sidecars, sims, strict=True)
+        ),
+        settings=dict(spec.settings),
+    )
+
+
+def _record(pid: int | None, log: Path) -> ProcessRecord:
+    if pid is None:
+        raise LbdError(f"a process of the dev cluster exited during start-up; see {log}")
+    return ProcessRecord(pid=pid, start_ticks=process_start_ticks(pid), log=str(log))
+
+
+def _wait_registered(clients: list[SidecarClient], brokers: int) -> None:
+    """Until every sidecar lists every broker (each simulated broker said Hello)."""
+    deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
+    pending = list(clients)
+    last = "no answer yet"
+    while pending:
+        client = pending[0]
+        try:
+            seen = len(client.brokers().brokers)
+            last = f"{client.server} lists {seen} of {brokers} brokers"
+            if seen == brokers:
+                pending.pop(0)
+                continue
+        except RpcFailure as e:
+            last = f"{client.server}: {e}"
+        if time.monotonic() >= deadline:
+            raise LbdError(f"brokers not all registered within {REGISTRATION_TIMEOUT_S:g}s: {last}")
+        time.sleep(_POLL_S)
+    _log.info("all %d brokers registered", brokers)
+
+
+def _assign_every_bundle(clients: list[SidecarClient], bundles: int) -> None:
+    """Look up one topic of each bundle of the traffic namespace, spread over the sidecars."""
+    namespace = NamespaceName.parse(TRAFFIC_NAMESPACE)
+    workload = Workload(WorkloadSpec(topics_per_bundle=1))
+    for i, bundle in enumerate(NamespaceBundles.default(namespace, bundles).bundles()):
+        (topic,) = workload.topics(bundle.id)
+        answer = clients[i % len(clients)].lookup(topic)
+        _log.info("%s -> %s on %s", topic, answer.bundle, answer.owner_broker_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""The link to this sidecar's broker: the ``BrokerSession`` stream, and Own/Release/Close.
+
+The API layer plugs the broker's gRPC stream into :meth:`BrokerLink.session` (converting
+protobuf to the core types of :mod:`lbd.core.broker`); everything else in the sidecar talks to
+the broker through :meth:`BrokerLink.own`, :meth:`BrokerLink.release` and
+:meth:`BrokerLink.close_bundle`, each of which waits for the broker's acknowledgement for at most
+``ack_timeout_s``.
+
+With ``auto_ack`` and no broker attached the link acknowledges every command itself, so a sidecar
+can stand alone (demo, benchmarks); it still keeps the set of bundles it "serves". While fenced
+(:meth:`BrokerLink.fence`) the link refuses to own anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from lbd.core.broker import (
+    BrokerInfo,
+    BrokerMessage,
+    CloseCommand,
+    Command,
+    CommandAck,
+    Hello,
+    LoadReport,
+    OwnCommand,
+    ReleaseCommand,
+    SidecarMessage,
+)
+from lbd.core.errors import DeadlineError, InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.ports.clock import Clock
+from lbd.services.proposals import within
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+
+class LinkEventKind(enum.Enum):
+    """What happened to the broker's session."""
+
+    ATTACHED = "attached"
+    """A broker said Hello (a new session, or one replacing the previous session)."""
+    DETACHED = "detached"
+    """The broker's session ended and no other replaced it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEvent:
+    """A session event, with the broker's info (None when detached)."""
+
+    kind: LinkEventKind
+    info: BrokerInfo | None
+
+
+@dataclass(eq=False)
+class _Session:
+    """One broker session: its outbox and the commands awaiting an ack."""
+
+    info: BrokerInfo
+    outbox: asyncio.Queue[SidecarMessage | None] = field(default_factory=asyncio.Queue)
+    pending: dict[int, asyncio.Future[CommandAck]] = field(default_factory=dict)
+    ended: bool = False
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.outbox.put_nowait(None)
+        for future in self.pending.values():
+            if not future.done():
+                future.set_result(CommandAck(0, ok=False, error="the broker session ended"))
+        self.pending.clear()
+
+
+class BrokerLink:
+    """This sidecar's broker: at most one session at a time, commands with bounded acks."""
+
+    def __init__(self, me: BrokerId, *, auto_ack: bool, ack_timeout_s: float, clock: Clock) -> None:
+        self._me = me
+        self._auto_ack = auto_ack
+        self._ack_timeout_s = ack_timeout_s
+        self._clock = clock
+        self._session: _Session | None = None
+        self._served: set[BundleId] = set()
+        self._command_ids = itertools.count(1)
+        self._subscribers: set[asyncio.Queue[LinkEvent]] = set()
+        self._fenced = False
+        self.latest_report: LoadReport | None = None
+        """The broker's latest load report (None before the first)."""
+
+    @property
+    def me(self) -> BrokerId:
+        """The broker this sidecar stands beside."""
+        return self._me
+
+    @property
+    def auto_ack(self) -> bool:
+        """Whether the link acknowledges commands itself when no broker is attached."""
+        return self._auto_ack
+
+    @property
+    def attached(self) -> bool:
+        """Whether a broker session is open (Hello received, stream not ended)."""
+        return self._session is not None
+
+    @property
+    def info(self) -> BrokerInfo | None:
+        """The attached broker's Hello, or None."""
+        return None if self._session is None else self._session.info
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the link is fenced: it owns nothing until :meth:`unfence`."""
+        return self._fenced
+
+    def served(self) -> frozenset[BundleId]:
+        """The bundles the broker acknowledged owning and was not told to give up since."""
+        return frozenset(self._served)
+
+    # -- commands -------------------------------------------------------------------------
+
+    async def own(self, bundle: BundleId) -> bool:
+        """Tell the broker to serve ``bundle``; True once it acknowledged (at once if it does).
+
+        False when it refused, did not answer within the ack timeout, no broker is attached (and
+        no auto-ack), or the link is fenced.
+        """
+        if self._fenced:
+            return False
+        if bundle in self._served:
+            return True
+        ack = await self._command(OwnCommand(bundle))
+        if ack is None or not ack.ok:
+            return False
+        if self._fenced:
+            # Fenced while the broker was taking it: it must not keep it.
+            await self.close_bundle(bundle, "fenced while owning")
+            return False
+        self._served.add(bundle)
+        return True
+
+    async def release(self, bundle: BundleId, new_owner: BrokerInfo | None) -> bool:
+        """Tell the broker to release ``bundle`` to ``new_owner`` (None: plain unload).
+
+        True once acknowledged; False on refusal, ack timeout or no broker. Either way the
+        bundle no longer counts as served: the protocol moves on after the timeout.
+        """
+        ack = await self._command(ReleaseCommand(bundle, new_owner))
+        self._served.discard(bundle)
+        return ack is not None and ack.ok
+
+    async def close_bundle(self, bundle: BundleId, reason: str) -> None:
+        """Tell the broker to stop serving ``bundle`` now (the ack is awaited, not required)."""
+        self._served.discard(bundle)
+        ack = await self._command(CloseCommand(bundle, reason))
+        if ack is not None and not ack.ok:
+            _log.warning("broker %s did not close %s: %s", self._me, bundle, ack.error)
+
+    async def close_all(self, reason: str) -> None:
+        """Close every served bundle, concurrently."""
+        bundles = sorted(self._served)
+        await asyncio.gather(*(self.close_bundle(b, reason) for b in bundles))
+
+    async def fence(self, reason: str) -> None:
+        """Close every bundle and own nothing more until :meth:`unfence` (self-fencing)."""
+        self._fenced = True
+        await self.close_all(reason)
+
+    def unfence(self) -> None:
+        """Allow owning again (the reactor then re-owns what is still this broker's)."""
+        self._fenced = False
+
+    async def _command(self, command: Command) -> CommandAck | None:
+        """Send ``command`` and wait for its ack; None when there was nobody to send it to."""
+        session = self._session
+        if session is None:
+            if self._auto_ack:
+                return CommandAck(0)
+            _log.info("no broker attached: %s not sent", command)
+            return None
+        command_id = next(self._command_ids)
+        future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
+        session.pending[command_id] = future
+        session.outbox.put_nowait(SidecarMessage(command_id, command))
+        try:
+            return await within(self._clock, self._ack_timeout_s, future, f"ack of {command}")
+        except DeadlineError as e:
+            _log.warning("broker %s: %s", self._me, e)
+            return CommandAck(command_id, ok=False, error=str(e))
+        finally:
+            session.pending.pop(command_id, None)
+
+    # -- the session ----------------------------------------------------------------------
+
+    def events(self) -> AsyncIterator[LinkEvent]:
+        """Every attach and detach from the moment of this call on."""
+        queue: asyncio.Queue[LinkEvent] = asyncio.Queue()
+        self._subscribers.add(queue)
+        return self._drain(queue)
+
+    async def _drain(self, queue: asyncio.Queue[LinkEvent]) -> AsyncIterator[LinkEvent]:
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    def _emit(self, event: LinkEvent) -> None:
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    async def session(
+        self, incoming: AsyncIterator[BrokerMessage]
+    ) -> AsyncIterator[SidecarMessage]:
+        """Serve one broker session: read ``incoming``, yield the commands for the broker.
+
+        The first message must be a :class:`Hello` from this sidecar's broker
+        (InvalidInputError otherwise). A new session replaces the open one, which ends. The
+        session ends when ``incoming`` ends, when it is replaced, or when the caller closes
+        this iterator; pending commands then count as not acknowledged.
+        """
+        stream = aiter(incoming)
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            return
+        if not isinstance(first, Hello):
+            raise InvalidInputError(
+                f"a broker session must start with Hello, got {type(first).__name__}"
+            )
+        if first.info.broker_id != self._me:
+            raise InvalidInputError(
+                f"broker {first.info.broker_id!r} said Hello to the sidecar of broker {self._me!r}"
+            )
+        session = _Session(first.info)
+        previous, self._session = self._session, session
+        if previous is not None:
+            _log.info("broker %s: a new session replaces the open one", self._me)
+            previous.end()
+        # What the broker served in an earlier session is unknown: the reactor re-owns.
+        self._served.clear()
+        _log.info("broker %s attached", self._me)
+        self._emit(LinkEvent(LinkEventKind.ATTACHED, session.info))
+        reader = guard(self._read(stream, session), name=f"broker-session-reader-{self._me}")
+        try:
+            while (message := await session.outbox.get()) is not None:
+                yield message
+        finally:
+            session.end()
+            await cancel_and_wait(reader)
+            if self._session is session:
+                self._session = None
+                self._served.clear()
+                _log.info("broker %s detached", self._me)
+                self._emit(LinkEvent(LinkEventKind.DETACHED, None))
+
+    async def _read(self, stream: AsyncIterator[BrokerMessage], session: _Session) -> None:
+        try:
+            async for message in stream:
+                match message:
+                    case CommandAck():
+                        future = session.pending.get(message.command_id)
+                        if future is not None and not future.done():
+                            future.set_result(message)
+                    case LoadReport():
+                        self.latest_report = message
+                    case Hello():
+                        _log.warning("broker %s said Hello twice; ignored", self._me)
+        finally:
+            session.end()

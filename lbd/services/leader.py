@@ -1,0 +1,257 @@
+"""The leader elector: campaigns in the metadata store and runs the leader duties while leading.
+
+Exactly one sidecar should run the cluster-wide duties (DESIGN §8): the unload scheduler, the
+ownership monitor and checkpoints. The election is the metadata store's (lowest create revision
+wins; the term is that revision). The duties run as guarded tasks, one per duty, and stop:
+
+- when the session becomes unreachable or loses its lease: a leader that cannot reach the store
+  cannot know it still leads, so it does nothing that only a leader may do until the store says
+  so again (it campaigns again: the same candidacy and term if the lease survived, a new one at
+  the back of the queue if not);
+- when the channel table shows a leader term above ours (Kafka's controller epoch): someone was
+  elected after us, so we are deposed whatever our session says; we withdraw our candidacy and
+  campaign again after a pause.
+
+Every sidecar also follows who leads (``watch_leader``) for the API to forward leader-only
+requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol
+
+from lbd.core.errors import PreconditionError
+from lbd.core.ids import BrokerId
+from lbd.metrics import Metrics
+from lbd.ports.clock import Clock
+from lbd.ports.errors import SessionExpiredError, UnavailableError
+from lbd.ports.metadata import Leader, MetadataStore, SessionEvent, SessionEventKind
+from lbd.services.follower import ChannelFollower
+from lbd.tasks import guard
+
+_log = logging.getLogger(__name__)
+
+
+class LeaderDuty(Protocol):
+    """A job only the leader does; runs from election to step-down."""
+
+    @property
+    def name(self) -> str:
+        """Short name (the task is called ``leader-<name>``)."""
+        ...
+
+    async def run_leading(self, term: int) -> None:
+        """Do the job for as long as it is not cancelled; ``term`` is the leader's term.
+
+        Must handle its own per-cycle failures (an unreachable store) and never return; an
+        exception escaping it is a bug and stops the daemon.
+        """
+        ...
+
+
+class StepDown(enum.Enum):
+    """Why a leader stopped its duties (logged, one line)."""
+
+    UNREACHABLE = "the metadata store is unreachable"
+    LEASE_LOST = "the session lease was lost"
+    HIGHER_TERM = "the channel shows a higher leader term"
+    DUTY_DIED = "a leader duty died"
+
+
+class LeaderElector:
+    """Campaigns for ``me``; runs ``duties`` while leading; tells who leads."""
+
+    def __init__(
+        self,
+        me: BrokerId,
+        metadata: MetadataStore,
+        follower: ChannelFollower,
+        clock: Clock,
+        duties: Sequence[LeaderDuty] = (),
+        *,
+        metrics: Metrics | None = None,
+        retry_s: float = 1.0,
+        on_death: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self._me = me
+        self._metadata = metadata
+        self._follower = follower
+        self._clock = clock
+        self._duties = tuple(duties)
+        self._metrics = metrics
+        self._retry_s = retry_s
+        self._on_death = on_death
+        self._term: int | None = None
+        self._leader: Leader | None = None
+        self._reachable = True
+        self._stop: asyncio.Future[StepDown] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this sidecar runs the leader duties now."""
+        return self._term is not None
+
+    @property
+    def term(self) -> int | None:
+        """Our term while we lead, else None."""
+        return self._term
+
+    @property
+    def leader(self) -> Leader | None:
+        """Who leads, as far as this sidecar knows (None: nobody, or not known yet)."""
+        if self._term is not None:
+            return Leader(self._me, self._term)
+        return self._leader
+
+    async def start(self) -> None:
+        """Start campaigning and following the leader; returns at once."""
+        if self._tasks or self._closed:
+            return
+        # Subscribed before campaigning, so no session event of our leadership is missed.
+        events = self._metadata.session_events()
+        # The watches end quietly with the store; only the campaign is vital.
+        self._tasks = [
+            guard(self._watch_session(events), name="leader-session"),
+            guard(self._watch_leader(), name="leader-watch"),
+            guard(self._campaign_loop(), name="leader-campaign", on_death=self._on_death),
+        ]
+
+    async def close(self) -> None:
+        """Stop the duties and the campaign, withdraw the candidacy (best effort). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks, self._tasks = self._tasks, []
+        await _cancel_all(tasks)
+        if tasks:
+            with contextlib.suppress(UnavailableError):
+                await self._metadata.resign()
+
+    async def __aenter__(self) -> LeaderElector:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- campaigning -------------------------------------------------------------------------
+
+    async def _campaign_loop(self) -> None:
+        while True:
+            try:
+                elected = await self._metadata.campaign(self._me)
+            except UnavailableError as e:
+                _log.info("leader election: campaign failed, retrying: %s", e)
+                await self._clock.sleep(self._retry_s)
+                continue
+            reason = await self._lead(elected.term)
+            if reason is StepDown.HIGHER_TERM:
+                # Our candidacy is older than the newer leader's, yet it leads: the store's
+                # revisions were reset. Queue up again behind it.
+                with contextlib.suppress(UnavailableError, PreconditionError):
+                    await self._metadata.resign()
+            await self._clock.sleep(self._retry_s)
+
+    async def _lead(self, term: int) -> StepDown:
+        """Run the duties until a reason to stop; return that reason."""
+        if not self._reachable:
+            _log.info("leader election: term %d won, but the store is unreachable", term)
+            return StepDown.UNREACHABLE
+        highest = self._follower.table.highest_term
+        if highest > term:
+            _log.warning("leader election: term %d won, but the channel has term %d", term, highest)
+            return StepDown.HIGHER_TERM
+        stop: asyncio.Future[StepDown] = asyncio.get_running_loop().create_future()
+        self._stop = stop
+        self._term = term
+        self._observe()
+        _log.info("leader election: %s leads with term %d", self._me, term)
+        tasks = [guard(self._watch_terms(term), name="leader-term-watch")]
+        tasks += [
+            guard(
+                duty.run_leading(term),
+                name=f"leader-{duty.name}",
+                on_death=self._duty_died,
+            )
+            for duty in self._duties
+        ]
+        try:
+            reason = await stop
+            _log.warning(
+                "leader election: %s steps down from term %d: %s", self._me, term, reason.value
+            )
+            return reason
+        finally:
+            self._stop = None
+            await _cancel_all(tasks)
+            self._term = None
+            self._observe()
+
+    def _step_down(self, reason: StepDown) -> None:
+        if self._stop is not None and not self._stop.done():
+            self._stop.set_result(reason)
+
+    def _duty_died(self, name: str, error: BaseException) -> None:
+        self._step_down(StepDown.DUTY_DIED)
+        if self._on_death is not None:
+            self._on_death(name, error)
+
+    # -- watching ----------------------------------------------------------------------------
+
+    async def _watch_session(self, events: AsyncIterator[SessionEvent]) -> None:
+        try:
+            async for event in events:
+                if event.kind is SessionEventKind.UNREACHABLE:
+                    self._reachable = False
+                    self._step_down(StepDown.UNREACHABLE)
+                elif event.kind is SessionEventKind.LEASE_LOST:
+                    self._reachable = False
+                    self._step_down(StepDown.LEASE_LOST)
+                else:
+                    self._reachable = True
+        except SessionExpiredError:
+            pass  # the daemon's own session watcher stops the daemon
+        # The session is over: whatever we led, we no longer know that we lead.
+        self._reachable = False
+        self._step_down(StepDown.LEASE_LOST)
+
+    async def _watch_terms(self, term: int) -> None:
+        async for _ in self._follower.changes():
+            highest = self._follower.table.highest_term
+            if highest > term:
+                _log.warning("leader election: channel term %d is above our term %d", highest, term)
+                self._step_down(StepDown.HIGHER_TERM)
+                return
+
+    async def _watch_leader(self) -> None:
+        async for leader in self._metadata.watch_leader():
+            if leader != self._leader:
+                _log.info(
+                    "leader election: leader is %s",
+                    "nobody" if leader is None else f"{leader.broker} (term {leader.term})",
+                )
+            self._leader = leader
+            self._observe()
+
+    def _observe(self) -> None:
+        if self._metrics is not None:
+            known = self.leader
+            self._metrics.observe_leadership(
+                leading=self.is_leader, term=None if known is None else known.term
+            )
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Cancel every task and wait for all of them to end, even when the caller is being cancelled
+    (awaiting them one by one would stop at the first re-raised cancellation)."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)

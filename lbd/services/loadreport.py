@@ -1,0 +1,162 @@
+"""The load reporter: publishes this broker's load and its busiest bundles (DESIGN §3).
+
+Every ``load_report.interval_s`` it takes the broker's usage — from the broker's latest
+``LoadReport`` while a broker is attached, else from the host (:mod:`lbd.services.hostload`) —
+folds it into the broker's :class:`~lbd.core.load.BrokerLoadData` (the EMAs) and publishes that on
+the broker-load store, keyed by broker id. Alongside, the ``load_report.top_bundles`` busiest
+bundles of the report go on the top-bundles store, which the leader's shedder reads. Readers apply
+a TTL, so a sidecar that stops reporting drops out of their view on its own; on close it also
+deletes its keys so that they do not wait for the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from lbd.config.schema import LoadReportSettings
+from lbd.core.broker import LoadReport
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId
+from lbd.core.load import (
+    BrokerLoadData,
+    BrokerUsage,
+    BundleLoad,
+    ResourceWeights,
+    TopBundlesLoadData,
+)
+from lbd.metrics import Metrics
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.ports.history import HistoryRecorder
+from lbd.ports.loadstore import LoadStore
+from lbd.services.broker_link import BrokerLink
+from lbd.services.hostload import HostLoadSampler
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+
+class UsageSampler(Protocol):
+    """Measures the host when no broker reports (:class:`HostLoadSampler`)."""
+
+    def sample(self, now_s: float) -> BrokerUsage:
+        """The usage now (``now_s``: monotonic seconds); OSError/InvalidInputError on failure."""
+        ...
+
+
+def top_bundles(bundles: tuple[BundleLoad, ...], count: int) -> tuple[BundleLoad, ...]:
+    """The ``count`` busiest bundles (by throughput in + out), busiest first."""
+    return tuple(sorted(bundles, key=lambda b: (-b.msg_throughput, b.bundle))[:count])
+
+
+class LoadReporter:
+    """Publishes ``me``'s BrokerLoadData and TopBundlesLoadData periodically."""
+
+    def __init__(
+        self,
+        me: BrokerId,
+        link: BrokerLink,
+        broker_loads: LoadStore,
+        top_bundles_store: LoadStore,
+        clock: Clock,
+        settings: LoadReportSettings,
+        *,
+        weights: ResourceWeights | None = None,
+        host: UsageSampler | None = None,
+        metrics: Metrics | None = None,
+        history: HistoryRecorder | None = None,
+        on_death: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self._me = me
+        self._history = history
+        self._link = link
+        self._broker_loads = broker_loads
+        self._top_bundles = top_bundles_store
+        self._clock = clock
+        self._settings = settings
+        self._weights = weights or ResourceWeights()
+        self._host = host if host is not None else HostLoadSampler()
+        self._metrics = metrics
+        self._on_death = on_death
+        self._data: BrokerLoadData | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._published = False
+
+    @property
+    def latest(self) -> BrokerLoadData | None:
+        """The load data last computed (None before the first report)."""
+        return self._data
+
+    async def start(self) -> None:
+        """Report now and then every interval, in a guarded task; returns at once."""
+        if self._task is None:
+            self._task = guard(self._run(), name="load-reporter", on_death=self._on_death)
+
+    async def close(self) -> None:
+        """Stop reporting and delete this broker's keys (best effort). Idempotent."""
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        if self._published:
+            self._published = False
+            for store in (self._broker_loads, self._top_bundles):
+                with contextlib.suppress(UnavailableError):
+                    await store.delete(self._me)
+
+    async def __aenter__(self) -> LoadReporter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def report_once(self) -> BrokerLoadData:
+        """Measure, update the EMAs and publish both values; the new load data.
+
+        Raises UnavailableError when a store cannot be reached (the EMAs are updated anyway), and
+        OSError or InvalidInputError when the host cannot be measured.
+        """
+        usage, bundles = self._measure()
+        now = self._clock.now_ms()
+        previous = self._data if self._data is not None else BrokerLoadData(self._me)
+        data = replace(previous.update(usage, self._weights, now), reported_at_ms=now)
+        self._data = data
+        if self._metrics is not None:
+            self._metrics.observe_broker_load(data)
+        if self._history is not None:
+            self._history.record_broker_load(data)
+            self._history.record_bundle_loads(self._me, bundles, ts_ms=now)
+        top = TopBundlesLoadData(self._me, top_bundles(bundles, self._settings.top_bundles))
+        self._published = True
+        await self._broker_loads.publish(self._me, data.to_json())
+        await self._top_bundles.publish(self._me, top.to_json())
+        return data
+
+    def _measure(self) -> tuple[BrokerUsage, tuple[BundleLoad, ...]]:
+        report: LoadReport | None = self._link.latest_report if self._link.attached else None
+        if report is not None:
+            return report.usage, report.bundles
+        # Three small files served from kernel memory: cheaper to read here than to hand to a
+        # thread.
+        usage = self._host.sample(self._clock.monotonic())
+        return replace(usage, bundle_count=len(self._link.served())), ()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                data = await self.report_once()
+            except UnavailableError as e:
+                _log.warning("load report not published: %s", e)
+            except (OSError, InvalidInputError) as e:
+                _log.warning("load report skipped: cannot measure the host: %s", e)
+            else:
+                _log.debug(
+                    "load report: max_ema %.3f, throughput_ema %.0f B/s",
+                    data.weighted_max_ema,
+                    data.msg_throughput_ema,
+                )
+            await self._clock.sleep(self._settings.interval_s)

@@ -1,0 +1,394 @@
+"""The leader's ownership monitor and checkpoint duty (DESIGN §4, §8).
+
+Every ``monitor.interval_s`` while leading, the monitor sweeps the channel table and fixes what
+nobody else will:
+
+- **orphans**: a bundle whose owner (or in-flight destination) is not registered and has stayed
+  away for ``orphan_cleanup_grace_s`` gets a forced ``Assigning`` to a live broker. Never in safe
+  mode: an unreachable registry says nothing about who is alive. A broker that registers again
+  within the grace keeps its bundles (the cleanup is cancelled, and counted so);
+- **stuck in-flight states** older than ``inflight_timeout_s`` (by the value's timestamp) get a
+  forced reassignment; a stuck ``Splitting`` goes back to ``Owned`` by its source when that is
+  alive and the split has not progressed, and is finished as ``Deleted`` when it has;
+- **tombstones**: ``Free`` and ``Deleted`` values older than ``tombstone_after_s`` are deleted.
+
+Forced writes carry the leader's term, so that a deposed leader's late overrides are rejected by
+every sidecar; the monitor also stops writing as soon as its table shows a higher term. Each fix
+is logged once, as one line with its reason.
+
+The checkpoint duty saves the channel table every ``checkpoint.interval_s`` under the leader's term.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+
+from lbd.config.schema import CheckpointSettings, MonitorSettings
+from lbd.core.assign import BrokerCandidate, Placement, select_broker
+from lbd.core.broker import BrokerInfo
+from lbd.core.bundles import parse_bundle_id
+from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.core.tuning import AssignmentConfig
+from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
+from lbd.ports.checkpoint import CheckpointStore
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.ports.loadstore import LoadStore
+from lbd.services import checkpoints
+from lbd.services.follower import ChannelFollower
+from lbd.services.namespaces import NamespaceService
+from lbd.services.proposals import Proposer
+from lbd.services.registry import BrokerRegistry
+
+_log = logging.getLogger(__name__)
+
+_S = ServiceUnitState
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    """One override the monitor wrote: the bundle, the kind of problem, and the new value."""
+
+    bundle: BundleId
+    kind: str
+    """``orphan``, ``inflight`` or ``tombstone`` (the metric's ``kind`` label)."""
+    state: ServiceUnitState | None
+    """The state written (None: a tombstone)."""
+    dst: BrokerId | None
+    reason: str
+
+
+@dataclass(slots=True)
+class _Sweep:
+    """The state of one sweep, shared by the rules."""
+
+    term: int
+    now_ms: int
+    live: Mapping[BrokerId, BrokerInfo]
+    away: Mapping[BrokerId, float]
+    """Seconds each unregistered broker named in the table has been away."""
+    skipped: str | None
+    fixes: list[Fix] = field(default_factory=list)
+    failed: list[tuple[BundleId, str]] = field(default_factory=list)
+    waiting: dict[BrokerId, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What one sweep did."""
+
+    fixes: tuple[Fix, ...] = ()
+    failed: tuple[tuple[BundleId, str], ...] = ()
+    waiting: Mapping[BrokerId, float] = field(default_factory=dict)
+    """Gone brokers whose bundles wait out the grace period, with the seconds they were away."""
+    skipped: str | None = None
+    """Why orphans and stuck states were not looked at (safe mode, deposed, not caught up)."""
+
+
+class OwnershipMonitor:
+    """The leader's sweep for orphans, stuck in-flight states and old Free/Deleted values."""
+
+    name = "ownership-monitor"
+    """The leader duty's name."""
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        follower: ChannelFollower,
+        registry: BrokerRegistry,
+        namespaces: NamespaceService,
+        broker_loads: LoadStore,
+        clock: Clock,
+        settings: MonitorSettings,
+        *,
+        assignment: AssignmentConfig | None = None,
+        load_data_ttl_s: float = 1800.0,
+        metrics: Metrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._proposer = proposer
+        self._follower = follower
+        self._registry = registry
+        self._namespaces = namespaces
+        self._broker_loads = broker_loads
+        self._clock = clock
+        self._settings = settings
+        self._assignment = assignment or AssignmentConfig()
+        self._load_ttl_ms = round(load_data_ttl_s * 1000)
+        self._metrics = metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._noticed_gone: dict[BrokerId, float] = {}
+        """Brokers seen unregistered whose vanishing this sidecar did not witness."""
+        self._undated: dict[tuple[BundleId, int], int] = {}
+        """Values without a timestamp, by (bundle, version): when the monitor first saw them."""
+        self._waiting: set[BrokerId] = set()
+
+    async def run_leading(self, term: int) -> None:
+        """The leader duty: a sweep every interval until cancelled."""
+        while True:
+            await self._clock.sleep(self._settings.interval_s)
+            await self.run_once(term)
+
+    async def run_once(self, term: int) -> SweepReport:
+        """One sweep as the leader of ``term``; failures of single fixes are logged and counted."""
+        if self._deposed(term):
+            return SweepReport(skipped=f"the channel shows a term above {term}")
+        if not self._follower.is_ready:
+            return SweepReport(skipped="the channel is not caught up yet")
+        live = self._registry.brokers()
+        sweep = _Sweep(
+            term=term,
+            now_ms=self._clock.now_ms(),
+            live=live,
+            away=self._away_times(live, self._clock.monotonic()),
+            skipped=None
+            if self._registry.reachable
+            else "safe mode: the broker registry cannot be reached",
+        )
+        values = list(self._follower.table.items())
+        self._forget_undated(values)
+        for bundle, value in values:
+            if self._deposed(term):
+                sweep.skipped = f"the channel shows a term above {term}"
+                break
+            try:
+                fix = await self._check(bundle, value, sweep)
+            except LbdError as e:
+                sweep.failed.append((bundle, str(e)))
+                _log.warning("monitor: could not fix %s: %s", bundle, e)
+                continue
+            if fix is not None:
+                sweep.fixes.append(fix)
+                _log.info(
+                    "monitor decision: bundle=%s kind=%s wrote=%s dst=%s term=%d reason=%s",
+                    fix.bundle,
+                    fix.kind,
+                    "tombstone" if fix.state is None else fix.state.value,
+                    fix.dst or "-",
+                    term,
+                    fix.reason,
+                )
+                self._count(fix.kind, SUCCESS)
+        if sweep.skipped is None:
+            self._note_cancelled(sweep.waiting, live)
+        return SweepReport(
+            tuple(sweep.fixes), tuple(sweep.failed), dict(sweep.waiting), sweep.skipped
+        )
+
+    # -- the rules --------------------------------------------------------------------------
+
+    async def _check(
+        self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep
+    ) -> Fix | None:
+        age_ms = self._age_ms(bundle, value, sweep.now_ms)
+        if value.state in (_S.Free, _S.Deleted):
+            if age_ms < self._settings.tombstone_after_s * 1000:
+                return None
+            await self._written("tombstone", self._proposer.tombstone(bundle))
+            reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
+            return Fix(bundle, "tombstone", None, None, reason)
+        if sweep.skipped is not None:
+            return None
+        holder = _holder(value)
+        if holder is not None and holder not in sweep.live:
+            gone_s = sweep.away.get(holder, 0.0)
+            if gone_s < self._settings.orphan_cleanup_grace_s:
+                sweep.waiting[holder] = gone_s
+                return None
+            return await self._fix(bundle, value, sweep, "orphan", f"{holder} away {gone_s:.0f}s")
+        if value.state.is_in_flight and age_ms >= self._settings.inflight_timeout_s * 1000:
+            reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
+            return await self._fix(bundle, value, sweep, "inflight", reason)
+        return None
+
+    async def _fix(
+        self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, kind: str, reason: str
+    ) -> Fix:
+        """Override the bundle's value: a split is finished or undone, anything else reassigned."""
+        src = value.source_broker
+        if value.state is _S.Splitting:
+            if await self._split_progressed(bundle, value):
+                return await self._force(
+                    bundle, sweep, kind, _S.Deleted, None, src, f"{reason}; finishing the split"
+                )
+            if src is not None and src in sweep.live:
+                return await self._force(
+                    bundle, sweep, kind, _S.Owned, src, src, f"{reason}; back to its source"
+                )
+        # A transfer keeps its destination while it is alive; else a live broker is chosen,
+        # other than the one the bundle is stuck on.
+        dst = value.dst_broker if value.state is _S.Releasing else None
+        if dst is None or dst not in sweep.live:
+            stuck_on = value.dst_broker if value.state is _S.Assigning else _holder(value)
+            dst, why = await self._choose(bundle, sweep.live, avoid=stuck_on)
+            reason = f"{reason}; {why}"
+        if not value.state.is_in_flight:
+            src = value.dst_broker
+        return await self._force(bundle, sweep, kind, _S.Assigning, dst, src, reason)
+
+    async def _force(
+        self,
+        bundle: BundleId,
+        sweep: _Sweep,
+        kind: str,
+        state: ServiceUnitState,
+        dst: BrokerId | None,
+        src: BrokerId | None,
+        reason: str,
+    ) -> Fix:
+        write = self._proposer.propose(
+            bundle, state, dst=dst, src=src, force=True, leader_term=sweep.term
+        )
+        await self._written(kind, write)
+        return Fix(bundle, kind, state, dst, reason)
+
+    async def _split_progressed(self, bundle: BundleId, value: ServiceUnitStateData) -> bool:
+        """Whether a child has a value already, or the namespace layout no longer has the parent
+        (either way, restoring the parent would leave a bundle that no longer exists)."""
+        if any(child in self._follower.table for child in value.split_children or {}):
+            return True
+        parsed = parse_bundle_id(bundle)
+        try:
+            record = await self._namespaces.refresh(parsed.namespace)
+        except NotFoundError:
+            return True
+        return parsed.range not in {b.range for b in record.bundles().bundles()}
+
+    async def _choose(
+        self, bundle: BundleId, live: Mapping[BrokerId, BrokerInfo], avoid: BrokerId | None
+    ) -> tuple[BrokerId, str]:
+        """A live broker for ``bundle``, other than ``avoid`` when there is a choice."""
+        names = [b for b in sorted(live) if b != avoid] or sorted(live)
+        if not names:
+            raise LbdError(f"no live broker to take {bundle}")
+        loads = self._load_data()
+        candidates = [
+            BrokerCandidate(
+                broker,
+                version=live[broker].version or None,
+                topics=loads[broker].usage.topics if broker in loads else 0,
+            )
+            for broker in names
+        ]
+        placement = await self._placement(bundle)
+        selection = select_broker(bundle, candidates, loads, self._assignment, self._rng, placement)
+        if selection.broker is None:
+            raise LbdError(selection.reason)
+        return selection.broker, selection.reason
+
+    async def _placement(self, bundle: BundleId) -> Placement:
+        namespace = parse_bundle_id(bundle).namespace
+        try:
+            record = await self._namespaces.get(namespace)
+        except NotFoundError:
+            return Placement()
+        owners = {
+            b: v.dst_broker
+            for b, v in self._follower.table.items()
+            if v.state is _S.Owned and v.dst_broker is not None
+        }
+        return Placement(policies=record.policies, ownership=owners)
+
+    def _load_data(self) -> dict[BrokerId, BrokerLoadData]:
+        out: dict[BrokerId, BrokerLoadData] = {}
+        for key, raw in self._broker_loads.latest(self._clock.now_ms(), self._load_ttl_ms).items():
+            try:
+                data = BrokerLoadData.from_json(raw)
+            except InvalidInputError as e:
+                _log.warning("monitor: ignoring the malformed load value of %s: %s", key, e)
+                continue
+            out[data.broker] = data
+        return out
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    async def _written(self, kind: str, write: Awaitable[object]) -> None:
+        """Await the channel write ``write``; count a failure before re-raising it."""
+        try:
+            await write
+        except LbdError:
+            self._count(kind, FAILURE)
+            raise
+
+    def _away_times(self, live: Mapping[BrokerId, BrokerInfo], now: float) -> dict[BrokerId, float]:
+        """Seconds each unregistered broker named in the table has been away."""
+        named = {b for _, v in self._follower.table.items() if (b := _holder(v)) is not None}
+        away: dict[BrokerId, float] = {}
+        for broker in named - set(live):
+            since = self._registry.absent_since(broker)
+            if since is None:
+                # Vanished before this sidecar was watching: the grace starts when it noticed.
+                since = self._noticed_gone.setdefault(broker, now)
+            away[broker] = now - since
+        self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in away}
+        return away
+
+    def _age_ms(self, bundle: BundleId, value: ServiceUnitStateData, now_ms: int) -> int:
+        if value.timestamp_ms > 0:
+            return now_ms - value.timestamp_ms
+        # A writer that sets no timestamp: age it from when this sidecar first saw the value.
+        return now_ms - self._undated.setdefault((bundle, value.version_id), now_ms)
+
+    def _forget_undated(self, values: list[tuple[BundleId, ServiceUnitStateData]]) -> None:
+        current = {(b, v.version_id) for b, v in values if v.timestamp_ms == 0}
+        self._undated = {k: t for k, t in self._undated.items() if k in current}
+
+    def _note_cancelled(
+        self, waiting: Mapping[BrokerId, float], live: Mapping[BrokerId, BrokerInfo]
+    ) -> None:
+        for broker in sorted(self._waiting - waiting.keys()):
+            if broker in live:
+                _log.info("monitor: %s registered again: orphan cleanup cancelled", broker)
+                self._count("orphan", CANCEL)
+        self._waiting = set(waiting)
+
+    def _deposed(self, term: int) -> bool:
+        return self._follower.table.highest_term > term
+
+    def _count(self, kind: str, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.channel_cleanup_ops.labels(kind=kind, result=result).inc()
+
+
+def _holder(value: ServiceUnitStateData) -> BrokerId | None:
+    """The broker a bundle depends on: its owner, or where an in-flight bundle is going (the
+    source of a Splitting or of a plain unload)."""
+    if value.state is _S.Owned or value.state.is_in_flight:
+        return value.dst_broker or value.source_broker
+    return None
+
+
+class CheckpointDuty:
+    """The leader duty that saves the channel table every ``checkpoint.interval_s``."""
+
+    name = "checkpoints"
+    """The leader duty's name."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        follower: ChannelFollower,
+        clock: Clock,
+        settings: CheckpointSettings,
+    ) -> None:
+        self._store = store
+        self._follower = follower
+        self._clock = clock
+        self._settings = settings
+
+    async def run_leading(self, term: int) -> None:
+        """Save a checkpoint every interval until cancelled."""
+        while True:
+            await self._clock.sleep(self._settings.interval_s)
+            if self._follower.table.highest_term > term:
+                continue  # deposed: the store would refuse it anyway
+            try:
+                await checkpoints.save(self._store, self._follower.table, term)
+            except UnavailableError as e:
+                _log.warning("checkpoint not saved: %s", e)

@@ -1,0 +1,269 @@
+"""Ownership operations for operators and schedulers: assign, transfer, unload, split.
+
+Each one checks the request against the table, the registry and the namespace layout before
+writing anything, so a bad request changes nothing: InvalidInputError (malformed),
+NotFoundError (unknown bundle or broker), PreconditionError (the bundle's state does not allow
+it). Then it proposes the first step of the flow (DESIGN §4) and waits, within the settle
+deadline, until the flow has finished: the owners' sidecars carry out the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lbd.core.bundles import (
+    Bundle,
+    BundleRange,
+    SplitAlgorithm,
+    TopicLoad,
+    parse_bundle_id,
+    split_positions,
+    topic_hash,
+)
+from lbd.core.errors import InvalidInputError, NotFoundError, PreconditionError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
+from lbd.core.tuning import SplitConfig
+from lbd.ports.errors import UnavailableError
+from lbd.ports.history import HistoryRecorder
+from lbd.services.broker_link import BrokerLink
+from lbd.services.follower import ChannelFollower
+from lbd.services.lookup import LookupService
+from lbd.services.namespaces import NamespaceService
+from lbd.services.proposals import Proposer
+from lbd.services.registry import BrokerRegistry
+
+_log = logging.getLogger(__name__)
+
+_S = ServiceUnitState
+
+
+@dataclass(frozen=True, slots=True)
+class SplitOutcome:
+    """A finished split: the parent, its children in hash order, and their owner."""
+
+    parent: BundleId
+    children: tuple[BundleId, ...]
+    owner: BrokerId
+
+
+class Operations:
+    """Assign, transfer, unload and split bundles, checking each request first."""
+
+    def __init__(
+        self,
+        me: BrokerId,
+        *,
+        follower: ChannelFollower,
+        proposer: Proposer,
+        registry: BrokerRegistry,
+        namespaces: NamespaceService,
+        lookup: LookupService,
+        link: BrokerLink,
+        split_config: SplitConfig | None = None,
+        settle_timeout_s: float = 30.0,
+        history: HistoryRecorder | None = None,
+    ) -> None:
+        self._me = me
+        self._history = history
+        self._follower = follower
+        self._proposer = proposer
+        self._registry = registry
+        self._namespaces = namespaces
+        self._lookup = lookup
+        self._link = link
+        self._split_config = split_config or SplitConfig()
+        self._settle_timeout_s = settle_timeout_s
+
+    async def assign(self, bundle: BundleId, dst: BrokerId | None = None) -> BrokerId:
+        """Assign an unowned bundle (to ``dst``, which must be registered); its owner.
+
+        An Owned bundle is left as it is (PreconditionError if ``dst`` names another broker:
+        that is a transfer).
+        """
+        value = await self._known(bundle)
+        if dst is not None:
+            self._registered(dst)
+        state = state_of(value)
+        if value is not None and state is _S.Owned:
+            owner = value.dst_broker
+            if dst is not None and dst != owner:
+                raise PreconditionError(
+                    f"bundle {bundle} is owned by {owner}; transfer it to move it to {dst}"
+                )
+            assert owner is not None  # an Owned value names its owner
+            return owner
+        self._not_in_flight(bundle, value)
+        settled = await self._lookup.assign(bundle, dst)
+        assert settled.dst_broker is not None
+        return settled.dst_broker
+
+    async def transfer(self, bundle: BundleId, dst: BrokerId) -> tuple[BrokerId, BrokerId]:
+        """Move an Owned bundle to ``dst``: ``(src, dst)`` once ``dst`` owns it.
+
+        The source broker releases it before the destination is told to own it.
+        """
+        value = await self._known(bundle)
+        self._registered(dst)
+        owner = self._owner(bundle, value)
+        if dst == owner:
+            raise PreconditionError(f"bundle {bundle} is already owned by {dst}")
+        self._reachable(f"transfer {bundle}")
+        await self._first_step(bundle, _S.Releasing, dst=dst, src=owner)
+        self._record("transfer", bundle, src=owner, dst=dst)
+        settled = await self._proposer.settle(
+            bundle,
+            lambda v: state_of(v) not in (_S.Releasing, _S.Assigning),
+            self._settle_timeout_s,
+        )
+        _log.info("transferred %s from %s to %s", bundle, owner, dst)
+        return owner, (settled.dst_broker if settled is not None and settled.dst_broker else dst)
+
+    async def unload(self, bundle: BundleId) -> BrokerId:
+        """Unload an Owned bundle (it becomes Free; the next lookup assigns it); its old owner."""
+        value = await self._known(bundle)
+        owner = self._owner(bundle, value)
+        await self._first_step(bundle, _S.Releasing, src=owner)
+        self._record("unload", bundle, src=owner)
+        await self._proposer.settle(
+            bundle, lambda v: state_of(v) is not _S.Releasing, self._settle_timeout_s
+        )
+        _log.info("unloaded %s from %s", bundle, owner)
+        return owner
+
+    async def split(
+        self,
+        bundle: BundleId,
+        algorithm: SplitAlgorithm | str,
+        boundaries: Sequence[int] = (),
+        *,
+        reason: str = "Admin",
+    ) -> SplitOutcome:
+        """Split a bundle this sidecar's broker owns; the children once they are Owned.
+
+        ``boundaries`` are the split points of ``specified_positions_divide`` (and of no other
+        algorithm); topic-based algorithms use the topics of the broker's latest load report.
+        The request must reach the owner's sidecar (the API forwards it): PreconditionError
+        otherwise.
+        """
+        algo = SplitAlgorithm.parse(algorithm) if isinstance(algorithm, str) else algorithm
+        if boundaries and algo is not SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE:
+            raise InvalidInputError(
+                f"split boundaries are only for {SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE}, "
+                f"not {algo}"
+            )
+        value = await self._known(bundle)
+        owner = self._owner(bundle, value)
+        if owner != self._me:
+            raise PreconditionError(
+                f"bundle {bundle} is owned by {owner}: split it on that broker's sidecar"
+            )
+        parsed = parse_bundle_id(bundle)
+        record = await self._namespaces.get(parsed.namespace)
+        points = split_positions(
+            algo,
+            parsed.range,
+            topics=self._topics(bundle, parsed.range),
+            positions=boundaries,
+            config=self._split_config,
+        )
+        limit = record.policies.max_bundles or self._split_config.max_bundles_per_namespace
+        count = len(record.bundles())
+        if count + len(points) > limit:
+            raise PreconditionError(
+                f"splitting {bundle} into {len(points) + 1} would give {parsed.namespace} "
+                f"{count + len(points)} bundles, above its max of {limit}"
+            )
+        edges = (parsed.range.lo, *points, parsed.range.hi)
+        children = tuple(
+            Bundle(parsed.namespace, BundleRange(lo, hi)).id for lo, hi in itertools.pairwise(edges)
+        )
+        await self._first_step(
+            bundle, _S.Splitting, src=self._me, split_children=dict.fromkeys(children, self._me)
+        )
+        self._record("split", bundle, src=self._me, reason=reason)
+        await self._proposer.settle(
+            bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
+        )
+        _log.info("split %s into %s (%s)", bundle, ", ".join(children), algo)
+        return SplitOutcome(bundle, children, self._me)
+
+    def _record(
+        self,
+        kind: str,
+        bundle: BundleId,
+        *,
+        src: BrokerId | None = None,
+        dst: BrokerId | None = None,
+        reason: str = "Admin",
+    ) -> None:
+        if self._history is not None:
+            self._history.record_decision(kind, bundle, reason=reason, src=src, dst=dst)
+
+    # -- checks -----------------------------------------------------------------------------
+
+    async def _known(self, bundle: BundleId) -> ServiceUnitStateData | None:
+        """The bundle's value; NotFoundError unless it has one or its namespace layout holds it."""
+        parsed = parse_bundle_id(bundle)
+        if parsed.id != bundle:
+            raise InvalidInputError(f"bundle id {bundle!r} is not canonical; use {parsed.id!r}")
+        value = self._follower.get(bundle)
+        if value is not None:
+            if value.state is _S.Deleted:
+                raise NotFoundError(f"bundle {bundle} no longer exists: it was split")
+            return value
+        record = await self._namespaces.refresh(parsed.namespace)
+        try:
+            record.bundles().index(parsed.range)
+        except NotFoundError:
+            raise NotFoundError(
+                f"bundle {bundle} is not a bundle of namespace {parsed.namespace}"
+            ) from None
+        return None
+
+    def _registered(self, broker: BrokerId) -> None:
+        if self._registry.get(broker) is None:
+            raise NotFoundError(f"broker {broker} is not registered")
+
+    def _reachable(self, what: str) -> None:
+        if not self._registry.reachable:
+            raise UnavailableError(f"metadata store unreachable (safe mode): cannot {what}")
+
+    def _not_in_flight(self, bundle: BundleId, value: ServiceUnitStateData | None) -> None:
+        if value is not None and value.state.is_in_flight:
+            raise PreconditionError(f"bundle {bundle} is in flight ({value.state.value})")
+
+    def _owner(self, bundle: BundleId, value: ServiceUnitStateData | None) -> BrokerId:
+        self._not_in_flight(bundle, value)
+        if value is None or value.state is not _S.Owned or value.dst_broker is None:
+            raise PreconditionError(f"bundle {bundle} is not owned ({state_of(value).value})")
+        return value.dst_broker
+
+    def _topics(self, bundle: BundleId, bundle_range: BundleRange) -> list[TopicLoad]:
+        """The bundle's topics in the broker's latest report (ones that hash elsewhere, from a
+        report older than a split, are left out)."""
+        report = self._link.latest_report
+        if report is None:
+            return []
+        return [t for t in report.topics_of(bundle) if topic_hash(t.topic) in bundle_range]
+
+    async def _first_step(
+        self,
+        bundle: BundleId,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+        split_children: dict[BundleId, BrokerId | None] | None = None,
+    ) -> None:
+        won = await self._proposer.propose_and_wait(
+            bundle, state, dst=dst, src=src, split_children=split_children
+        )
+        if not won:
+            now = self._follower.get(bundle)
+            raise PreconditionError(
+                f"bundle {bundle} changed meanwhile (now {state_of(now).value}); try again"
+            )

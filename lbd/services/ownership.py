@@ -1,0 +1,384 @@
+"""The ownership reactor: carries out the channel values that name this sidecar's broker.
+
+Who writes what (docs/sidecar.md, "Ownership protocol"): on ``Assigning(dst=me)`` the broker is
+told to Own and, once it acknowledged, ``Owned(me)`` is proposed; on ``Releasing(src=me)`` the
+broker is told to Release (to the new owner) and, once it acknowledged or the ack timed out,
+``Assigning(dst, src=me)`` or ``Free(src=me)`` is proposed; on ``Splitting(src=me)`` the split is
+finished. After every change of a bundle (and for all of them on attach, start and unfence) the
+broker is reconciled with the table: it serves exactly the bundles that are ``Owned(me)``,
+``Releasing(src=me)`` (until released) or ``Splitting(src=me)``.
+
+Each bundle has at most one worker at a time, acting on the bundle's *current* value, so a
+burst of changes of one bundle is handled once, and slow acks of one bundle never hold up others.
+
+The reactor also keeps the broker's registration: registered while a broker is attached (or
+always, with auto-ack), deregistered when its session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+from lbd.core.broker import BrokerInfo
+from lbd.core.bundles import parse_bundle_id
+from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.core.table import ApplyResult
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.services.broker_link import BrokerLink, LinkEvent, LinkEventKind
+from lbd.services.fencing import Fence
+from lbd.services.follower import ChannelFollower
+from lbd.services.namespaces import NamespaceService
+from lbd.services.proposals import Proposer
+from lbd.services.registry import BrokerRegistry
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+_S = ServiceUnitState
+
+
+def names(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
+    """Whether ``value`` names ``broker`` as its dst or source broker."""
+    return value is not None and broker in (value.dst_broker, value.source_broker)
+
+
+def split_points(parent: BundleId, children: Mapping[BundleId, object]) -> list[int]:
+    """The points at which ``children`` cut ``parent``; InvalidInputError unless they tile it."""
+    whole = parse_bundle_id(parent)
+    parts = sorted(parse_bundle_id(child) for child in children)
+    if len(parts) < 2:
+        raise InvalidInputError(f"split of {parent}: needs at least 2 children, got {len(parts)}")
+    if any(p.namespace != whole.namespace for p in parts):
+        raise InvalidInputError(f"split of {parent}: children of another namespace")
+    edges = [(p.range.lo, p.range.hi) for p in parts]
+    tiles = all(a[1] == b[0] for a, b in itertools.pairwise(edges))
+    if edges[0][0] != whole.range.lo or edges[-1][1] != whole.range.hi or not tiles:
+        raise InvalidInputError(f"split of {parent}: children {sorted(children)} do not tile it")
+    return [lo for lo, _ in edges[1:]]
+
+
+class OwnershipReactor:
+    """Reacts to channel values naming this broker and keeps the broker equal to the table."""
+
+    def __init__(
+        self,
+        me: BrokerId,
+        *,
+        follower: ChannelFollower,
+        proposer: Proposer,
+        link: BrokerLink,
+        registry: BrokerRegistry,
+        namespaces: NamespaceService,
+        clock: Clock,
+        self_info: BrokerInfo | None = None,
+        sidecar_grpc_addr: str = "",
+        fence: Fence | None = None,
+        retry_s: float = 1.0,
+    ) -> None:
+        """``self_info`` is registered with auto-ack while no broker is attached (default: the
+        bare id); ``sidecar_grpc_addr`` is filled into registrations that lack it; ``retry_s`` is
+        the pause before retrying a registration or a proposal that met an outage."""
+        self._me = me
+        self._follower = follower
+        self._proposer = proposer
+        self._link = link
+        self._registry = registry
+        self._namespaces = namespaces
+        self._clock = clock
+        self._self_info = self_info or BrokerInfo(me)
+        self._sidecar_grpc_addr = sidecar_grpc_addr
+        self._fence = fence
+        self._retry_s = retry_s
+        self._tasks: list[asyncio.Task[None]] = []
+        self._workers: dict[BundleId, asyncio.Task[None]] = {}
+        self._dirty: set[BundleId] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._released: dict[BundleId, int] = {}
+        self._splitting_children: set[BundleId] = set()
+        self._registration: asyncio.Task[None] | None = None
+        self.release_timeouts = 0
+        """Releases that moved on without the broker's acknowledgement (timeout or refusal)."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start reacting: reconcile every bundle now, then after every change."""
+        if self._tasks:
+            return
+        link_events = self._link.events()
+        fence_states = self._fence.states() if self._fence is not None else None
+        self._tasks.append(guard(self._follow_changes(), name=f"ownership-reactor-{self._me}"))
+        self._tasks.append(guard(self._follow_link(link_events), name=f"broker-link-{self._me}"))
+        if fence_states is not None:
+            self._tasks.append(guard(self._follow_fence(fence_states), name=f"fence-{self._me}"))
+        if self._link.auto_ack and not self._link.attached:
+            self._register(self._self_info)
+
+    async def close(self) -> None:
+        """Stop reacting (in-progress work is cancelled). Idempotent."""
+        tasks, self._tasks = self._tasks, []
+        registration, self._registration = self._registration, None
+        workers = list(self._workers.values())
+        for task in [*tasks, *workers]:
+            await cancel_and_wait(task)
+        await cancel_and_wait(registration)
+
+    async def __aenter__(self) -> OwnershipReactor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def busy(self) -> bool:
+        """Whether some bundle has work in progress."""
+        return bool(self._workers)
+
+    async def idle(self) -> None:
+        """Return once no bundle has work in progress (bound it with a timeout)."""
+        while self._workers:
+            await self._idle.wait()
+
+    async def reconcile(self) -> None:
+        """Check every bundle this broker serves or the table names it in."""
+        bundles = set(self._link.served())
+        bundles.update(b for b, v in self._follower.table.items() if names(v, self._me))
+        _log.debug("reconciling %d bundle(s) of %s", len(bundles), self._me)
+        for bundle in sorted(bundles):
+            self._kick(bundle)
+
+    # -- following ---------------------------------------------------------------------------
+
+    async def _follow_changes(self) -> None:
+        changes = self._follower.changes()
+        # The subscription starts when the generator first runs: let it, then look at the
+        # table, so that no change falls between the two.
+        first = asyncio.ensure_future(anext(changes))
+        try:
+            await asyncio.sleep(0)
+            await self.reconcile()
+            result = await first
+            while True:
+                self._on_change(result)
+                result = await anext(changes)
+        finally:
+            # Cancelling a pending anext ends the generator (and its subscription) with it.
+            first.cancel()
+
+    def _on_change(self, result: ApplyResult) -> None:
+        bundle = result.key
+        new = result.new
+        if not (new is not None and new.state is _S.Releasing):
+            self._released.pop(bundle, None)
+        if (
+            names(new, self._me)
+            or names(result.old, self._me)
+            or bundle in self._link.served()
+            or bundle in self._splitting_children
+        ):
+            self._kick(bundle)
+
+    async def _follow_link(self, events: AsyncIterator[LinkEvent]) -> None:
+        async for event in events:
+            if event.kind is LinkEventKind.ATTACHED and event.info is not None:
+                self._register(event.info)
+                await self.reconcile()
+            elif event.kind is LinkEventKind.DETACHED:
+                if self._link.auto_ack:
+                    self._register(self._self_info)
+                else:
+                    await self._deregister()
+
+    async def _follow_fence(self, states: AsyncIterator[bool]) -> None:
+        async for fenced in states:
+            if not fenced:
+                await self.reconcile()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def _register(self, info: BrokerInfo) -> None:
+        if not info.sidecar_grpc_addr and self._sidecar_grpc_addr:
+            info = BrokerInfo(
+                broker_id=info.broker_id,
+                service_url=info.service_url,
+                service_url_tls=info.service_url_tls,
+                web_service_url=info.web_service_url,
+                version=info.version,
+                start_time_ms=info.start_time_ms,
+                sidecar_grpc_addr=self._sidecar_grpc_addr,
+            )
+        if self._registration is not None:
+            self._registration.cancel()
+        self._registration = guard(self._keep_registering(info), name=f"register-{self._me}")
+
+    async def _keep_registering(self, info: BrokerInfo) -> None:
+        while True:
+            try:
+                await self._registry.register(info)
+                return
+            except UnavailableError as e:
+                _log.warning("registering %s failed, retrying: %s", info.broker_id, e)
+                await self._clock.sleep(self._retry_s)
+
+    async def _deregister(self) -> None:
+        registration, self._registration = self._registration, None
+        await cancel_and_wait(registration)
+        try:
+            await self._registry.deregister(self._me)
+        except UnavailableError as e:
+            # The registration lives under the lease: it vanishes with it if etcd stays away.
+            _log.warning("deregistering %s failed: %s", self._me, e)
+
+    # -- per-bundle work ---------------------------------------------------------------------
+
+    def _kick(self, bundle: BundleId) -> None:
+        if bundle in self._workers:
+            self._dirty.add(bundle)
+            return
+        self._idle.clear()
+        self._workers[bundle] = guard(self._work(bundle), name=f"ownership-{bundle}")
+
+    async def _work(self, bundle: BundleId) -> None:
+        try:
+            while True:
+                self._dirty.discard(bundle)
+                try:
+                    await self._settle(bundle)
+                except (UnavailableError, DeadlineError) as e:
+                    _log.warning("%s: %s; retrying in %gs", bundle, e, self._retry_s)
+                    await self._clock.sleep(self._retry_s)
+                    self._dirty.add(bundle)
+                if bundle not in self._dirty:
+                    return
+        finally:
+            del self._workers[bundle]
+            if not self._workers:
+                self._idle.set()
+
+    @property
+    def _fenced(self) -> bool:
+        return self._link.fenced or (self._fence is not None and self._fence.fenced)
+
+    async def _settle(self, bundle: BundleId) -> None:
+        value = self._follower.get(bundle)
+        me = self._me
+        if value is not None:
+            if value.state is _S.Assigning and value.dst_broker == me:
+                await self._take(bundle, value)
+                return
+            if value.state is _S.Releasing and value.source_broker == me:
+                await self._release(bundle, value)
+                return
+            if value.state is _S.Splitting and value.source_broker == me:
+                await self._finish_split(bundle, value)
+                return
+        wanted = value is not None and (
+            (value.state is _S.Owned and value.dst_broker == me)
+            or (value.state is _S.Splitting and value.source_broker == me)
+        )
+        served = bundle in self._link.served()
+        if wanted and not served and not self._fenced:
+            if not await self._link.own(bundle):
+                _log.warning("broker %s did not take %s, which it owns", me, bundle)
+        elif served and not wanted and bundle not in self._splitting_children:
+            state = "Init" if value is None else value.state.value
+            await self._link.close_bundle(bundle, f"the table says {state}, not owned by {me}")
+
+    async def _propose_next(
+        self,
+        bundle: BundleId,
+        seen: ServiceUnitStateData,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+    ) -> bool:
+        """Propose ``state`` on top of ``seen``, unless the bundle moved on meanwhile."""
+        if self._follower.get(bundle) != seen:
+            return False
+        return await self._proposer.propose_and_wait(bundle, state, dst=dst, src=src)
+
+    async def _take(self, bundle: BundleId, value: ServiceUnitStateData) -> None:
+        if self._fenced:
+            return
+        if not await self._link.own(bundle):
+            _log.warning("broker %s did not take %s; it stays Assigning", self._me, bundle)
+            return
+        won = await self._propose_next(
+            bundle, value, _S.Owned, dst=self._me, src=value.source_broker
+        )
+        _log.info("%s: Owned by %s%s", bundle, self._me, "" if won else " not accepted")
+
+    async def _release(self, bundle: BundleId, value: ServiceUnitStateData) -> None:
+        if self._released.get(bundle) != value.version_id:
+            dst = value.dst_broker
+            new_owner = None if dst is None else (self._registry.get(dst) or BrokerInfo(dst))
+            if not await self._link.release(bundle, new_owner):
+                self.release_timeouts += 1
+                _log.warning("%s: release not acknowledged by %s; moving on", bundle, self._me)
+            self._released[bundle] = value.version_id
+        if value.dst_broker is not None:
+            await self._propose_next(
+                bundle, value, _S.Assigning, dst=value.dst_broker, src=self._me
+            )
+        else:
+            await self._propose_next(bundle, value, _S.Free, src=self._me)
+
+    async def _finish_split(self, parent: BundleId, value: ServiceUnitStateData) -> None:
+        children = dict(value.split_children or {})
+        try:
+            points = split_points(parent, children)
+        except InvalidInputError as e:
+            _log.error("cannot finish the split of %s: %s", parent, e)
+            return
+        if self._fenced:
+            return
+        self._splitting_children.update(children)
+        try:
+            await self._split_steps(parent, value, sorted(children), points)
+        finally:
+            self._splitting_children.difference_update(children)
+
+    async def _split_steps(
+        self, parent: BundleId, value: ServiceUnitStateData, children: list[BundleId], at: list[int]
+    ) -> None:
+        # Children are Owned before the namespace layout shows them: a sidecar that reads the
+        # new layout then can never find a child unowned and assign it to another broker.
+        owned = await asyncio.gather(*(self._link.own(child) for child in children))
+        if not all(owned):
+            _log.warning("%s: the broker did not take every child; split not finished", parent)
+            return
+        for child in children:
+            current = self._follower.get(child)
+            if current is not None and current.state is _S.Owned and current.dst_broker == self._me:
+                continue
+            await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
+        lost = [c for c in children if not _owned_by(self._follower.get(c), self._me)]
+        if lost:
+            _log.error(
+                "%s: children %s are not Owned by %s; split not finished", parent, lost, self._me
+            )
+            return
+        whole = parse_bundle_id(parent)
+        try:
+            await self._namespaces.split(whole.namespace, whole.range, at)
+        except LbdError as e:
+            if isinstance(e, UnavailableError):
+                raise
+            _log.error("%s: the namespace layout could not be split: %s", parent, e)
+            return
+        await self._propose_next(parent, value, _S.Deleted, src=self._me)
+        await self._link.close_bundle(parent, f"split into {', '.join(children)}")
+        _log.info("%s: split into %s, owned by %s", parent, ", ".join(children), self._me)
+
+
+def _owned_by(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
+    return value is not None and value.state is _S.Owned and value.dst_broker == broker

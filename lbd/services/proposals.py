@@ -1,0 +1,210 @@
+"""The proposer: writes the next version of a bundle's value to the state channel.
+
+A proposal is only a wish: every sidecar applies the channel with the same resolver, so the first
+valid change wins and later conflicting ones are ignored by everyone. The proposer therefore
+offers "propose, then look at what the table says" (:meth:`Proposer.propose_and_wait`) and
+"wait until the bundle's value satisfies a predicate, within a deadline" (:meth:`Proposer.settle`).
+Deadlines run on the injected :class:`~lbd.ports.clock.Clock`, so tests drive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from lbd.core.errors import DeadlineError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.table import ChannelPosition
+from lbd.ports.channel import ChannelLog
+from lbd.ports.clock import Clock
+from lbd.services.follower import ChannelFollower
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+Predicate = Callable[[ServiceUnitStateData | None], bool]
+
+
+async def within(clock: Clock, seconds: float, awaitable: Awaitable[T], what: str) -> T:
+    """``awaitable``'s result if it completes within ``seconds`` of ``clock`` time.
+
+    Raises :class:`DeadlineError` saying ``what`` did not finish in time otherwise; the awaitable
+    is cancelled then (and when the caller is).
+    """
+    work = asyncio.ensure_future(awaitable)
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not work.done():
+            work.cancel()
+        # Reap both, so that nothing outlives this call.
+        for task in (work, timer):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if work.cancelled():
+        raise DeadlineError(f"{what} did not finish within {seconds:g}s")
+    return work.result()
+
+
+def _describe(value: ServiceUnitStateData | None) -> str:
+    if value is None:
+        return "Init (no value)"
+    brokers = f"dst={value.dst_broker} src={value.source_broker}"
+    return f"{value.state.value} ({brokers}, version {value.version_id})"
+
+
+class Proposer:
+    """Proposes channel values for bundles at the version after the one this sidecar has."""
+
+    def __init__(self, channel: ChannelLog, follower: ChannelFollower, clock: Clock) -> None:
+        self._channel = channel
+        self._follower = follower
+        self._clock = clock
+
+    @property
+    def follower(self) -> ChannelFollower:
+        """The follower whose table the proposals build on."""
+        return self._follower
+
+    def next_value(
+        self,
+        bundle: BundleId,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+        split_children: Mapping[BundleId, BrokerId | None] | None = None,
+        force: bool = False,
+        leader_term: int | None = None,
+    ) -> ServiceUnitStateData:
+        """The value :meth:`propose` would write now (version = current + 1, or 1 for none)."""
+        current = self._follower.get(bundle)
+        return ServiceUnitStateData(
+            state=state,
+            version_id=1 if current is None else current.version_id + 1,
+            dst_broker=dst,
+            source_broker=src,
+            split_children=split_children,
+            force=force,
+            timestamp_ms=self._clock.now_ms(),
+            leader_term=leader_term,
+        )
+
+    async def propose(
+        self,
+        bundle: BundleId,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+        split_children: Mapping[BundleId, BrokerId | None] | None = None,
+        force: bool = False,
+        leader_term: int | None = None,
+    ) -> ChannelPosition:
+        """Publish the next value of ``bundle``; its channel position (not a verdict).
+
+        Raises :class:`~lbd.ports.errors.UnavailableError` when the channel is down.
+        """
+        value = self.next_value(
+            bundle,
+            state,
+            dst=dst,
+            src=src,
+            split_children=split_children,
+            force=force,
+            leader_term=leader_term,
+        )
+        position = await self._channel.publish(bundle, encode_value(value))
+        _log.debug("proposed %s for %s at %s", _describe(value), bundle, position)
+        return position
+
+    async def propose_and_wait(
+        self,
+        bundle: BundleId,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+        split_children: Mapping[BundleId, BrokerId | None] | None = None,
+        force: bool = False,
+        leader_term: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> bool:
+        """Propose, wait until this sidecar applied it, and say whether the resolver accepted it.
+
+        False means another change won: look at the table to see what the bundle is now.
+        Raises DeadlineError if the follower does not get there in time.
+        """
+        value = self.next_value(
+            bundle,
+            state,
+            dst=dst,
+            src=src,
+            split_children=split_children,
+            force=force,
+            leader_term=leader_term,
+        )
+        # Every accepted value of the bundle is shown to a waiter's predicate as it is applied,
+        # so a later change applied in the same breath cannot hide that this one won.
+        seen: list[bool] = []
+
+        def ours(current: ServiceUnitStateData | None) -> bool:
+            if current == value:
+                seen.append(True)
+            return False
+
+        watcher = asyncio.ensure_future(self._follower.wait_for(bundle, ours))
+        try:
+            await asyncio.sleep(0)  # the watcher registers before anything is published
+            position = await self._channel.publish(bundle, encode_value(value))
+            await within(
+                self._clock,
+                timeout_s,
+                self._follower.wait_applied(position),
+                f"applying the proposal {_describe(value)} for {bundle}",
+            )
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        won = bool(seen)
+        _log.debug(
+            "proposal %s for %s %s; now %s",
+            _describe(value),
+            bundle,
+            "won" if won else "lost",
+            _describe(self._follower.get(bundle)),
+        )
+        return won
+
+    async def tombstone(self, bundle: BundleId) -> ChannelPosition:
+        """Publish the empty value: the bundle's entry is deleted (always accepted)."""
+        return await self._channel.publish(bundle, encode_value(None))
+
+    async def settle(
+        self, bundle: BundleId, predicate: Predicate, timeout_s: float
+    ) -> ServiceUnitStateData | None:
+        """The bundle's value once ``predicate`` holds (at once if it holds now).
+
+        Raises :class:`DeadlineError` naming the bundle and its state when it does not within
+        ``timeout_s`` of clock time.
+        """
+        try:
+            return await within(
+                self._clock,
+                timeout_s,
+                self._follower.wait_for(bundle, predicate),
+                f"bundle {bundle}",
+            )
+        except DeadlineError:
+            raise DeadlineError(
+                f"bundle {bundle} did not settle within {timeout_s:g}s; it is "
+                f"{_describe(self._follower.get(bundle))}"
+            ) from None

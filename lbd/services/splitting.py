@@ -1,0 +1,156 @@
+"""The split scheduler: every sidecar splits its own broker's hot bundles (DESIGN §7).
+
+Every ``split.interval_s`` it takes the per-bundle stats of the broker's latest load report, keeps
+the bundles the channel says this broker owns, and asks the pure decision
+(:func:`lbd.core.split.find_bundles_to_split`) which to split, carrying the hit counts from cycle
+to cycle. Each decision goes to :meth:`Operations.split`, which runs the split protocol. A sidecar
+with no broker attached has no per-bundle stats and splits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from lbd.config.schema import SplitSettings
+from lbd.core.bundles import parse_bundle_id
+from lbd.core.errors import LbdError, NotFoundError
+from lbd.core.ids import BrokerId
+from lbd.core.load import BundleLoad
+from lbd.core.names import NamespaceName
+from lbd.core.split import SplitPlan, SplitState, find_bundles_to_split
+from lbd.core.state import ServiceUnitState
+from lbd.metrics import FAILURE, SUCCESS, Metrics
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.services.broker_link import BrokerLink
+from lbd.services.follower import ChannelFollower
+from lbd.services.namespaces import NamespaceService
+from lbd.services.operations import Operations
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+_OWNED = ServiceUnitState.Owned
+
+
+class SplitScheduler:
+    """Finds ``me``'s hot bundles each cycle and splits them."""
+
+    def __init__(
+        self,
+        me: BrokerId,
+        operations: Operations,
+        follower: ChannelFollower,
+        link: BrokerLink,
+        namespaces: NamespaceService,
+        clock: Clock,
+        settings: SplitSettings,
+        *,
+        metrics: Metrics | None = None,
+        on_death: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        self._me = me
+        self._operations = operations
+        self._follower = follower
+        self._link = link
+        self._namespaces = namespaces
+        self._clock = clock
+        self._settings = settings
+        self._config = settings.to_core()
+        self._metrics = metrics
+        self._on_death = on_death
+        self._state = SplitState()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> SplitState:
+        """The hit counts carried into the next cycle."""
+        return self._state
+
+    async def start(self) -> None:
+        """Run a cycle every interval in a guarded task; returns at once."""
+        if self._task is None:
+            self._task = guard(self._run(), name="split-scheduler", on_death=self._on_death)
+
+    async def close(self) -> None:
+        """Stop the cycles. Idempotent."""
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def __aenter__(self) -> SplitScheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run_once(self) -> SplitPlan:
+        """One cycle: decide on this broker's owned bundles, then split each decided bundle.
+
+        A split that fails (the bundle moved meanwhile, the store is down) is logged and counted;
+        the other decisions still go ahead.
+        """
+        loads = self._owned_loads()
+        counts, limits = await self._namespace_sizes(loads)
+        plan = find_bundles_to_split(loads, counts, self._config, self._state, limits)
+        self._state = plan.state
+        for bundle, why in plan.held_back:
+            _log.debug("split of %s held back: %s", bundle, why)
+        for decision in plan.decisions:
+            try:
+                outcome = await self._operations.split(
+                    decision.bundle, decision.algorithm, [], reason=str(decision.reason)
+                )
+            except LbdError as e:
+                _log.warning("split decision: %s failed: %s", decision, e)
+                self._count(FAILURE, decision.reason.value)
+                continue
+            _log.info("split decision: %s -> %s", decision, ", ".join(outcome.children))
+            self._count(SUCCESS, decision.reason.value)
+        return plan
+
+    def _owned_loads(self) -> list[BundleLoad]:
+        """The latest report's stats of the bundles the table says this broker owns."""
+        report = self._link.latest_report if self._link.attached else None
+        if report is None:
+            return []
+        loads: list[BundleLoad] = []
+        for load in report.bundles:
+            value = self._follower.get(load.bundle)
+            if value is not None and value.state is _OWNED and value.dst_broker == self._me:
+                loads.append(load)
+        return loads
+
+    async def _namespace_sizes(
+        self, loads: list[BundleLoad]
+    ) -> tuple[dict[NamespaceName, int], dict[NamespaceName, int]]:
+        """Each namespace's bundle count, and its own max bundles where its policies set one.
+
+        A namespace whose record cannot be read is left out: the decision holds its bundles back.
+        """
+        counts: dict[NamespaceName, int] = {}
+        limits: dict[NamespaceName, int] = {}
+        for namespace in sorted({parse_bundle_id(load.bundle).namespace for load in loads}):
+            try:
+                record = await self._namespaces.get(namespace)
+            except (NotFoundError, UnavailableError) as e:
+                _log.warning("split: no bundle count for namespace %s: %s", namespace, e)
+                continue
+            counts[namespace] = len(record.bundles())
+            if record.policies.max_bundles is not None:
+                limits[namespace] = record.policies.max_bundles
+        return counts, limits
+
+    def _count(self, result: str, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.split_total.labels(result=result, reason=reason).inc()
+
+    async def _run(self) -> None:
+        while True:
+            await self._clock.sleep(self._settings.interval_s)
+            try:
+                await self.run_once()
+            except LbdError as e:
+                _log.warning("split cycle failed: %s", e)

@@ -1,0 +1,222 @@
+"""Synthetic traffic of a simulated broker: per-topic rates, per-bundle stats, resource usage.
+
+Pure and deterministic: a topic's base rate depends only on the seed and the topic's name, and the
+jitter of one report only on the seed, the bundle and the report's sequence number. So the same
+bundle carries the same load whichever broker serves it (a transfer moves its load along), and the
+children of a split carry their parent's topics between them.
+
+Topics of a bundle are named ``{domain}://tenant/ns/sim-<j>`` for the smallest ``j`` whose CRC-32
+falls in the bundle's range, so that the split algorithms working on topic hashes see topics that
+really belong to the bundle. A few topics are hot (``hot_fraction`` of them carry ``hot_factor``
+times the mean rate), which is what makes some bundles worth moving or splitting.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lbd.core.bundles import Bundle, parse_bundle_id, topic_hash
+from lbd.core.ids import BundleId
+from lbd.core.load import ResourceUsage
+
+MAX_NAME_PROBES = 200_000
+"""Most candidate names tried per bundle; a very narrow bundle may end up with fewer topics."""
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """The shape of the synthetic traffic and the broker's capacity."""
+
+    topics_per_bundle: int = 10
+    msg_rate: float = 50.0
+    """Mean messages/s produced per topic (each also consumed ``fanout`` times)."""
+    msg_size_bytes: int = 1024
+    fanout: float = 1.0
+    hot_fraction: float = 0.05
+    hot_factor: float = 20.0
+    jitter: float = 0.1
+    """Each report scales a bundle's rates by a factor drawn in ``[1 - jitter, 1 + jitter]``."""
+    seed: int = 0
+    cpu_capacity_msg_rate: float = 100_000.0
+    """Messages/s (in plus out) that take the broker's CPU to 100%."""
+    nic_mbit: float = 1000.0
+    memory_limit_mb: float = 4096.0
+    memory_base_mb: float = 512.0
+    memory_per_topic_mb: float = 0.5
+    direct_memory_limit_mb: float = 2048.0
+    direct_memory_base_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        if self.topics_per_bundle < 0:
+            raise ValueError(f"topics per bundle must be >= 0, got {self.topics_per_bundle}")
+        if self.msg_rate < 0:
+            raise ValueError(f"message rate must be >= 0, got {self.msg_rate}")
+        if not 0 <= self.hot_fraction <= 1:
+            raise ValueError(f"hot fraction must be in [0, 1], got {self.hot_fraction}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.msg_size_bytes <= 0 or self.fanout < 0 or self.hot_factor < 1:
+            raise ValueError("message size must be > 0, fanout >= 0 and hot factor >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicTraffic:
+    """One topic's rates in one report."""
+
+    topic: str
+    msg_rate_in: float
+    msg_rate_out: float
+    throughput_in: float
+    """Bytes/s."""
+    throughput_out: float
+
+    @property
+    def msg_rate(self) -> float:
+        """Messages/s in plus out."""
+        return self.msg_rate_in + self.msg_rate_out
+
+    @property
+    def throughput(self) -> float:
+        """Bytes/s in plus out."""
+        return self.throughput_in + self.throughput_out
+
+
+@dataclass(frozen=True, slots=True)
+class BundleTraffic:
+    """One bundle's traffic in one report: its topics, busiest first, and their sums."""
+
+    bundle: BundleId
+    topics: tuple[TopicTraffic, ...]
+    producers: int
+    consumers: int
+
+    @property
+    def msg_rate_in(self) -> float:
+        """Messages/s produced into the bundle's topics."""
+        return sum(t.msg_rate_in for t in self.topics)
+
+    @property
+    def msg_rate_out(self) -> float:
+        """Messages/s consumed from the bundle's topics."""
+        return sum(t.msg_rate_out for t in self.topics)
+
+    @property
+    def throughput_in(self) -> float:
+        """Bytes/s in."""
+        return sum(t.throughput_in for t in self.topics)
+
+    @property
+    def throughput_out(self) -> float:
+        """Bytes/s out."""
+        return sum(t.throughput_out for t in self.topics)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSample:
+    """A broker's resource usage and per-bundle traffic for one load report."""
+
+    cpu: ResourceUsage
+    """Percent of all cores."""
+    memory: ResourceUsage
+    """MB."""
+    direct_memory: ResourceUsage
+    """MB."""
+    bandwidth_in: ResourceUsage
+    """Mbit/s."""
+    bandwidth_out: ResourceUsage
+    """Mbit/s."""
+    bundles: tuple[BundleTraffic, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _SimTopic:
+    name: str
+    base_rate: float
+
+
+@dataclass(slots=True)
+class Workload:
+    """The synthetic traffic of every bundle, computed on demand and cached per bundle."""
+
+    spec: WorkloadSpec = field(default_factory=WorkloadSpec)
+    _topics: dict[BundleId, tuple[_SimTopic, ...]] = field(default_factory=dict, init=False)
+
+    def topics(self, bundle: BundleId) -> tuple[str, ...]:
+        """The names of the bundle's synthetic topics (InvalidInputError for a bad bundle id)."""
+        return tuple(t.name for t in self._topics_of(bundle))
+
+    def bundle_traffic(self, bundle: BundleId, sequence: int) -> BundleTraffic:
+        """The bundle's traffic in report number ``sequence``."""
+        spec = self.spec
+        factor = 1.0
+        if spec.jitter > 0:
+            rng = random.Random(f"{spec.seed}:{bundle}:{sequence}")
+            factor = rng.uniform(1 - spec.jitter, 1 + spec.jitter)
+        topics = [
+            TopicTraffic(
+                topic=t.name,
+                msg_rate_in=t.base_rate * factor,
+                msg_rate_out=t.base_rate * factor * spec.fanout,
+                throughput_in=t.base_rate * factor * spec.msg_size_bytes,
+                throughput_out=t.base_rate * factor * spec.fanout * spec.msg_size_bytes,
+            )
+            for t in self._topics_of(bundle)
+        ]
+        topics.sort(key=lambda t: (-t.msg_rate, t.topic))
+        active = [t for t in topics if t.msg_rate_in > 0]
+        return BundleTraffic(
+            bundle=bundle,
+            topics=tuple(topics),
+            producers=len(active),
+            consumers=round(len(active) * spec.fanout),
+        )
+
+    def sample(self, bundles: Iterable[BundleId], sequence: int) -> BrokerSample:
+        """Usage and per-bundle traffic of a broker serving ``bundles``, for report ``sequence``."""
+        spec = self.spec
+        traffic = tuple(self.bundle_traffic(b, sequence) for b in sorted(bundles))
+        rate = sum(b.msg_rate_in + b.msg_rate_out for b in traffic)
+        bytes_in = sum(b.throughput_in for b in traffic)
+        bytes_out = sum(b.throughput_out for b in traffic)
+        topics = sum(len(b.topics) for b in traffic)
+        return BrokerSample(
+            cpu=ResourceUsage(min(100.0, 100.0 * rate / spec.cpu_capacity_msg_rate), 100.0),
+            memory=ResourceUsage(
+                spec.memory_base_mb + topics * spec.memory_per_topic_mb, spec.memory_limit_mb
+            ),
+            direct_memory=ResourceUsage(
+                spec.direct_memory_base_mb + (bytes_in + bytes_out) / MB,
+                spec.direct_memory_limit_mb,
+            ),
+            bandwidth_in=ResourceUsage(bytes_in * 8 / 1e6, spec.nic_mbit),
+            bandwidth_out=ResourceUsage(bytes_out * 8 / 1e6, spec.nic_mbit),
+            bundles=traffic,
+        )
+
+    def _topics_of(self, bundle: BundleId) -> tuple[_SimTopic, ...]:
+        cached = self._topics.get(bundle)
+        if cached is None:
+            cached = self._make_topics(parse_bundle_id(bundle))
+            self._topics[bundle] = cached
+        return cached
+
+    def _make_topics(self, bundle: Bundle) -> tuple[_SimTopic, ...]:
+        spec = self.spec
+        out: list[_SimTopic] = []
+        for j in range(MAX_NAME_PROBES):
+            if len(out) >= spec.topics_per_bundle:
+                break
+            name = f"persistent://{bundle.namespace}/sim-{j}"
+            if topic_hash(name) not in bundle.range:
+                continue
+            rng = random.Random(f"{spec.seed}:{name}")
+            # Exponential rates around the mean: most topics are quiet, a few busy.
+            rate = rng.expovariate(1.0) * spec.msg_rate
+            if rng.random() < spec.hot_fraction:
+                rate *= spec.hot_factor
+            out.append(_SimTopic(name, rate))
+        return tuple(out)

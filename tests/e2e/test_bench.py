@@ -1,0 +1,17 @@
+"""The sidecar benchmark runs end to end (``make bench`` must not rot), on small inputs."""
+
+import pytest
+
+from bench import sidecar_bench
+
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
+
+
+def test_the_sidecar_benchmark_measures_lookups_assignments_and_failover() -> None:
+    result = sidecar_bench.run(bundles=16, lookups=500, concurrency=8)
+    for name in ("assign_latency_p50_ms", "lookup_latency_p99_ms", "lookup_concurrent_per_s"):
+        assert result[name] > 0, name
+    assert result["assign_latency_p50_ms"] <= result["assign_latency_p99_ms"]
+    # Orphans move only after the dev cluster's 5 s cleanup grace; a new leader after its 3 s TTL.
+    assert 4.0 <= result["failover_orphans_owned_again_s"] < 30
+    assert 0 < result["failover_new_leader_s"] < 15

@@ -1,0 +1,102 @@
+"""End to end: kill -9 of a sidecar and its broker, then of the leader's sidecar.
+
+The tests run in order on one cluster of their own: the first leaves two brokers, the second one
+live sidecar. Timings come from the dev cluster's settings (lease TTL 3 s, cleanup grace 5 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.names import NamespaceName
+from lbd.gen.v1 import lbd_pb2
+from lbd.sim.workload import Workload, WorkloadSpec
+from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
+
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
+
+NAMESPACE = "e2e/failover"
+BUNDLES = 12
+LEASE_TTL_S = 3.0
+CLEANUP_GRACE_S = 5.0
+SLACK_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    running = start_cluster(tmp_path_factory.mktemp("failover"))
+    try:
+        client = running.client()
+        client.create_namespace(NAMESPACE, BUNDLES)
+        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES)
+        topics = Workload(WorkloadSpec(topics_per_bundle=1))
+        for i, bundle in enumerate(layout.bundles()):
+            running.client(running.broker_ids[i % 3]).lookup(topics.topics(bundle.id)[0])
+        yield running
+    finally:
+        stop_cluster(running)
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_the_bundles_of_a_killed_sidecar_and_broker_move_to_live_brokers(cluster: Cluster) -> None:
+    leader = cluster.client().leader().broker_id
+    owners = cluster.owners(NAMESPACE)
+    victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
+    orphans = sorted(b for b, o in owners.items() if o == victim)
+    survivors = [b for b in cluster.broker_ids if b != victim]
+    node = cluster.record.node(victim)
+
+    cluster.killed_at_ns[victim] = time.monotonic_ns()
+    kill(node.sidecar.pid)
+    kill(node.broker.pid)
+    start = time.monotonic()
+
+    def moved() -> dict[str, str] | None:
+        now = cluster.owners(NAMESPACE, via=leader)
+        return now if all(now.get(b) in survivors for b in orphans) else None
+
+    bound = LEASE_TTL_S + CLEANUP_GRACE_S + SLACK_S
+    now = wait_for(f"orphans of {victim} owned again", moved, bound, interval_s=0.2)
+    took = time.monotonic() - start
+    assert took >= CLEANUP_GRACE_S * 0.8, f"moved after {took:.1f}s: before the cleanup grace"
+    assert all(o in survivors for o in now.values())
+    owned_by = {(e["bundle"], e["broker"]) for e in cluster.events() if e["event"] == "own"}
+    assert all((b, now[b]) in owned_by for b in orphans), "a new owner's broker never got Own"
+    brokers = {b.info.broker_id for b in cluster.client(leader).brokers().brokers}
+    assert brokers == set(survivors)
+
+
+def test_killing_the_leader_s_sidecar_elects_a_new_leader_that_sheds(cluster: Cluster) -> None:
+    live = [b for b in cluster.broker_ids if b not in cluster.killed_at_ns]
+    old = cluster.client(live[0]).leader()
+    alive = [b for b in live if b != old.broker_id]
+    assert alive, "no live sidecar besides the leader's"
+    witness = alive[0]
+    kill(cluster.record.node(old.broker_id).sidecar.pid)
+    start = time.monotonic()
+
+    def new_leader() -> lbd_pb2.GetLeaderResponse | None:
+        r = cluster.client(witness).leader()
+        return r if r.broker_id and r.broker_id != old.broker_id else None
+
+    elected = wait_for("a new leader", new_leader, LEASE_TTL_S + SLACK_S)
+    assert elected.term > old.term
+    assert elected.broker_id == witness
+    print(f"new leader after {time.monotonic() - start:.1f}s")
+    result = cluster.client(witness).rebalance(dry_run=False)
+    assert result.decisions or result.skip_reason
+    snapshot = cluster.client(witness).snapshot()
+    assert '"brokers"' in snapshot.scenario_json
+
+
+def test_no_two_brokers_ever_served_a_bundle_at_once(cluster: Cluster) -> None:
+    assert serving_overlaps(cluster) == []

@@ -1,0 +1,401 @@
+"""The gRPC API over in-process sidecars: status codes, auth, reflection, health, streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from lbd.api.errors import INTERNAL_MESSAGE
+from lbd.api.server import track_fence
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.ids import BundleId
+from lbd.core.names import NamespaceName
+from lbd.gen.v1 import lbd_pb2
+from tests.unit.api.served import Api, serve_api, until
+from tests.unit.services.harness import Harness, Timing
+
+TOPIC = "persistent://public/default/t1"
+
+
+async def status_of(call: object) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a call ended with (fails if it succeeded)."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call  # type: ignore[misc]
+    return caught.value.code(), caught.value.details() or ""
+
+
+async def owned_bundle(api: Api, topic: str = TOPIC) -> BundleId:
+    reply = await api.lb.Lookup(lbd_pb2.LookupRequest(topic=topic), timeout=5)
+    assert reply.state == lbd_pb2.BUNDLE_STATE_OWNED
+    return BundleId(reply.bundle)
+
+
+# -- answers -----------------------------------------------------------------------------------
+
+
+async def test_lookup_assigns_and_answers_with_the_owner(api: Api) -> None:
+    reply = await api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC), timeout=5)
+    assert reply.owner_broker_id == "broker-a"
+    assert reply.owner.service_url == "pulsar://broker-a:6650"
+    assert (
+        reply.bundle == NamespaceBundles.default(NamespaceName("public", "default")).find(TOPIC).id
+    )
+    listed = await api.admin.ListBundles(lbd_pb2.ListBundlesRequest(namespace="public/default"))
+    states = {b.bundle: b.state for b in listed.bundles}
+    assert len(states) == 4
+    assert states[reply.bundle] == lbd_pb2.BUNDLE_STATE_OWNED
+    assert sorted(states.values()).count(lbd_pb2.BUNDLE_STATE_INIT) == 3
+
+
+async def test_admin_reads(api: Api) -> None:
+    await owned_bundle(api)
+    brokers = await api.admin.ListBrokers(lbd_pb2.ListBrokersRequest())
+    leader = await api.admin.GetLeader(lbd_pb2.GetLeaderRequest())
+    assert [(b.info.broker_id, b.leader, b.owned_bundles) for b in brokers.brokers] == [
+        ("broker-a", True, 1)
+    ]
+    assert brokers.brokers[0].info.sidecar_grpc_addr == api.addr
+    assert leader.broker_id == "broker-a" and leader.term > 0
+
+
+async def test_create_namespace_then_conflict(api: Api) -> None:
+    created = await api.admin.CreateNamespace(
+        lbd_pb2.CreateNamespaceRequest(namespace="t/ns", bundles=2)
+    )
+    assert list(created.bundles) == ["t/ns/0x00000000_0x80000000", "t/ns/0x80000000_0xffffffff"]
+    code, details = await status_of(
+        api.admin.CreateNamespace(lbd_pb2.CreateNamespaceRequest(namespace="t/ns"))
+    )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "t/ns already exists" in details
+
+
+async def test_rebalance_on_the_leader_reports_why_nothing_moved(api: Api) -> None:
+    reply = await api.admin.Rebalance(lbd_pb2.RebalanceRequest(dry_run=True))
+    assert not reply.decisions
+    assert reply.skip_reason  # one of Pulsar's names, e.g. NoLoadData / NoBrokers
+
+
+# -- status codes --------------------------------------------------------------------------------
+
+
+async def test_invalid_argument_names_what_is_wrong_and_changes_nothing(
+    api: Api, harness: Harness
+) -> None:
+    before = len(harness.log)
+    code, details = await status_of(api.lb.Lookup(lbd_pb2.LookupRequest(topic="no-scheme")))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "invalid topic name 'no-scheme'" in details
+    code, details = await status_of(
+        api.admin.Split(
+            lbd_pb2.SplitRequest(bundle="public/default/0x00000000_0x40000000", algorithm="nope")
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown split algorithm 'nope'" in details
+    code, details = await status_of(
+        api.admin.Assign(lbd_pb2.AssignRequest(bundle="x", topic=TOPIC))
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exactly one of bundle and topic" in details
+    assert len(harness.log) == before
+
+
+async def test_not_found_for_an_unknown_namespace(api: Api, harness: Harness) -> None:
+    before = len(harness.log)
+    code, details = await status_of(
+        api.lb.Lookup(lbd_pb2.LookupRequest(topic="persistent://nobody/nowhere/t"))
+    )
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "nobody/nowhere" in details
+    assert len(harness.log) == before
+
+
+async def test_failed_precondition_for_a_transfer_to_the_owner(api: Api, harness: Harness) -> None:
+    bundle = await owned_bundle(api)
+    await harness.idle()
+    before = len(harness.log)
+    code, details = await status_of(
+        api.admin.Transfer(lbd_pb2.TransferRequest(bundle=bundle, dst_broker_id="broker-a"))
+    )
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "broker-a" in details
+    assert len(harness.log) == before
+    assert harness.owner(bundle) == "broker-a"
+
+
+async def test_deadline_exceeded_when_the_broker_never_acknowledges() -> None:
+    async with Harness(timing=Timing(settle_timeout_s=3.0)) as h:
+        sidecar = await h.add("broker-a", auto_ack=False, fake_broker=True, ack_own=None)
+        await h.ready()
+        async with serve_api(h, sidecar) as api:
+            call = api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC), timeout=5)
+            waiting = asyncio.ensure_future(status_of(call))
+            while not waiting.done():
+                await h.clock.run_for(0.5)
+            code, details = waiting.result()
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert details
+
+
+async def test_unavailable_in_safe_mode_without_assigning(api: Api, harness: Harness) -> None:
+    before = len(harness.log)
+    harness.metadata.set_reachable(False)
+    async with asyncio.timeout(5):
+        while api.sidecar.registry.reachable:  # the next keepalive fails
+            await harness.clock.run_for(0.5)
+    code, details = await status_of(api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC)))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert details
+    assert len(harness.log) == before
+
+
+async def test_unexpected_errors_are_internal_without_a_traceback(
+    api: Api, harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(topic: str, *, read_only: bool = False) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(api.sidecar.lookup, "lookup", broken)
+    with caplog.at_level(logging.ERROR, logger="lbd.api.errors"):
+        code, details = await status_of(api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC)))
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == INTERNAL_MESSAGE
+    assert "secret" not in details and "Traceback" not in details
+    logged = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert [str(e) for e in logged] == ["secret internals"]  # the log has the traceback
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def guarded(harness: Harness) -> AsyncIterator[Api]:
+    sidecar = await harness.add("broker-a")
+    await harness.ready()
+    async with serve_api(harness, sidecar, admin_token="s3cret") as served:
+        yield served
+
+
+async def test_admin_calls_need_the_token(guarded: Api) -> None:
+    request = lbd_pb2.ListBrokersRequest()
+    code, details = await status_of(guarded.admin.ListBrokers(request))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization: Bearer" in details
+    code, _ = await status_of(
+        guarded.admin.ListBrokers(request, metadata=(("authorization", "Basic s3cret"),))
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    code, details = await status_of(
+        guarded.admin.ListBrokers(request, metadata=(("authorization", "Bearer wrong"),))
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "wrong" not in details
+    ok = await guarded.admin.ListBrokers(request, metadata=(("authorization", "Bearer s3cret"),))
+    assert [b.info.broker_id for b in ok.brokers] == ["broker-a"]
+
+
+async def test_loadbalancer_calls_are_not_gated(guarded: Api) -> None:
+    reply = await guarded.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC), timeout=5)
+    assert reply.owner_broker_id == "broker-a"
+
+
+# -- reflection and health ---------------------------------------------------------------------
+
+
+async def test_reflection_lists_both_services(api: Api) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(api.channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+
+    async def requests() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        yield request
+
+    names: set[str] = set()
+    async for reply in stub.ServerReflectionInfo(requests()):
+        names |= {s.name for s in reply.list_services_response.service}
+    assert {"lbd.v1.LoadBalancer", "lbd.v1.Admin", "grpc.health.v1.Health"} <= names
+
+
+async def test_health_follows_readiness_and_fencing(api: Api, harness: Harness) -> None:
+    health = health_pb2_grpc.HealthStub(api.channel)
+
+    async def status(service: str = "") -> int:
+        reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        return int(reply.status)
+
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    assert await status() == serving
+    assert await status("lbd.v1.Admin") == serving
+    tracker = asyncio.create_task(track_fence(api.server, api.sidecar.fence))
+    try:
+        harness.metadata.set_reachable(False)  # renewals fail: the fence closes in
+        async with asyncio.timeout(5):
+            while not api.sidecar.fence.fenced:
+                await harness.clock.run_for(1.0)
+        await until(lambda: api.server._serving is False)
+        assert await status() == not_serving
+        assert await status("lbd.v1.LoadBalancer") == not_serving
+        harness.metadata.set_reachable(True)
+        async with asyncio.timeout(5):
+            while api.sidecar.fence.fenced:
+                await harness.clock.run_for(1.0)
+        await until(lambda: api.server._serving is True)
+        assert await status() == serving
+    finally:
+        tracker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tracker
+
+
+# -- streams -----------------------------------------------------------------------------------
+
+
+async def test_watch_ownership_sends_the_current_state_then_changes(
+    api: Api, harness: Harness
+) -> None:
+    first = await owned_bundle(api)
+    await harness.idle()
+    stream = api.lb.WatchOwnership(lbd_pb2.WatchOwnershipRequest(namespace="public/default"))
+    initial = await asyncio.wait_for(stream.read(), 5)
+    assert (initial.bundle, initial.state, initial.owner_broker_id) == (
+        first,
+        lbd_pb2.BUNDLE_STATE_OWNED,
+        "broker-a",
+    )
+    other = await owned_bundle(api, "persistent://public/default/another-topic-7")
+    seen: list[tuple[str, int]] = []
+    async with asyncio.timeout(5):
+        while (other, lbd_pb2.BUNDLE_STATE_OWNED) not in seen:
+            change = await stream.read()
+            seen.append((change.bundle, change.state))
+    if other != first:
+        assert (other, lbd_pb2.BUNDLE_STATE_ASSIGNING) in seen
+    stream.cancel()
+
+
+async def test_watch_ownership_rejects_a_bad_namespace(api: Api) -> None:
+    stream = api.lb.WatchOwnership(lbd_pb2.WatchOwnershipRequest(namespace="a/b/c"))
+    code, details = await status_of(stream.read())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a/b/c" in details
+
+
+async def test_broker_session_over_grpc_owns_what_a_lookup_assigns() -> None:
+    async with Harness() as h:
+        sidecar = await h.add("broker-a", auto_ack=False)
+        async with serve_api(h, sidecar) as api:
+            outgoing: asyncio.Queue[lbd_pb2.BrokerMessage | None] = asyncio.Queue()
+            outgoing.put_nowait(
+                lbd_pb2.BrokerMessage(
+                    hello=lbd_pb2.BrokerInfo(
+                        broker_id="broker-a", service_url="pulsar://real-broker:6650"
+                    )
+                )
+            )
+
+            async def messages() -> AsyncIterator[lbd_pb2.BrokerMessage]:
+                while (message := await outgoing.get()) is not None:
+                    yield message
+
+            session = api.lb.BrokerSession(messages())
+            await until(lambda: sidecar.link.attached)
+            await h.ready()
+            lookup = asyncio.ensure_future(
+                api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC), timeout=5)
+            )
+            command = await asyncio.wait_for(session.read(), 5)
+            assert command.WhichOneof("kind") == "own"
+            outgoing.put_nowait(
+                lbd_pb2.BrokerMessage(
+                    ack=lbd_pb2.CommandAck(command_id=command.command_id, ok=True)
+                )
+            )
+            reply = await lookup
+            assert reply.bundle == command.own.bundle
+            assert reply.owner.service_url == "pulsar://real-broker:6650"
+            outgoing.put_nowait(None)
+            await until(lambda: not sidecar.link.attached)
+            session.cancel()
+
+
+# -- forwarding --------------------------------------------------------------------------------
+
+
+async def test_split_and_rebalance_are_forwarded(harness: Harness) -> None:
+    a = await harness.add("broker-a")
+    b = await harness.add("broker-b")
+    await harness.ready()
+    async with serve_api(harness, a) as api_a, serve_api(harness, b) as api_b:
+        await until(lambda: api_a.elector.is_leader or api_b.elector.is_leader)
+        leader, follower = (api_a, api_b) if api_a.elector.is_leader else (api_b, api_a)
+        await until(lambda: follower.elector.leader is not None)
+        await until(lambda: len(follower.sidecar.registry.brokers()) == 2)
+        await until(
+            lambda: all(
+                i.sidecar_grpc_addr.startswith("127.0.0.1:")
+                for i in follower.sidecar.registry.brokers().values()
+            )
+        )
+        reply = await follower.admin.Rebalance(lbd_pb2.RebalanceRequest(dry_run=True), timeout=5)
+        assert reply.skip_reason
+
+        assign = await follower.admin.Assign(
+            lbd_pb2.AssignRequest(topic=TOPIC, dst_broker_id=leader.sidecar.me), timeout=5
+        )
+        assert assign.owner_broker_id == leader.sidecar.me
+        await harness.idle()
+        split = await follower.admin.Split(lbd_pb2.SplitRequest(bundle=assign.bundle), timeout=5)
+        assert split.parent == assign.bundle
+        assert len(split.children) == 2
+        assert split.owner_broker_id == leader.sidecar.me
+
+        # A call marked as forwarded already is refused rather than forwarded again.
+        await harness.idle()
+        child = split.children[0]
+        code, details = await status_of(
+            follower.admin.Split(
+                lbd_pb2.SplitRequest(bundle=child),
+                metadata=(("x-lbd-forwarded", "elsewhere"),),
+                timeout=5,
+            )
+        )
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "already forwarded here by elsewhere" in details
+
+
+# -- tracing -----------------------------------------------------------------------------------
+
+
+async def test_each_call_gets_a_server_span_with_its_status(harness: Harness) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sidecar = await harness.add("broker-a")
+    await harness.ready()
+    async with serve_api(harness, sidecar, tracer_provider=provider) as api:
+        await api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC), timeout=5)
+        await status_of(api.lb.Lookup(lbd_pb2.LookupRequest(topic="bad")))
+        await status_of(api.lb.Lookup(lbd_pb2.LookupRequest(topic="persistent://x/y/z")))
+    spans = [s for s in exporter.get_finished_spans() if s.name == "lbd.v1.LoadBalancer/Lookup"]
+    assert [s.attributes["rpc.grpc.status_code"] for s in spans if s.attributes] == [
+        grpc.StatusCode.OK.value[0],
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        grpc.StatusCode.NOT_FOUND.value[0],
+    ]
+    assert all(s.kind is SpanKind.SERVER for s in spans)
+    # A caller's mistake is not the server's fault: the span status stays unset.
+    assert all(s.status.status_code is StatusCode.UNSET for s in spans)

@@ -1,0 +1,214 @@
+"""Protobuf <-> core conversions: every field crosses, bad input names its proto field."""
+
+from __future__ import annotations
+
+import pytest
+
+from lbd.api import convert
+from lbd.core.broker import (
+    BrokerInfo,
+    CloseCommand,
+    CommandAck,
+    Hello,
+    LoadReport,
+    OwnCommand,
+    ReleaseCommand,
+    SidecarMessage,
+)
+from lbd.core.bundles import TopicLoad
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies
+from lbd.core.shedding import DecisionReason, SheddingResult, SkipReason, UnloadDecision
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.gen.v1 import lbd_pb2
+
+BUNDLE = BundleId("public/default/0x00000000_0x40000000")
+INFO = BrokerInfo(
+    broker_id=BrokerId("b1"),
+    service_url="pulsar://h:6650",
+    service_url_tls="pulsar+ssl://h:6651",
+    web_service_url="http://h:8080",
+    version="4.0",
+    start_time_ms=123,
+    sidecar_grpc_addr="h:7000",
+)
+
+
+def test_every_state_has_its_own_proto_value() -> None:
+    values = {convert.state_to_proto(s) for s in ServiceUnitState}
+    assert len(values) == len(ServiceUnitState)
+    assert lbd_pb2.BUNDLE_STATE_UNSPECIFIED not in values
+    assert convert.state_to_proto(ServiceUnitState.Owned) == lbd_pb2.BUNDLE_STATE_OWNED
+
+
+def test_broker_info_round_trips() -> None:
+    assert convert.broker_info_from_proto(convert.broker_info_to_proto(INFO)) == INFO
+
+
+def test_hello_without_broker_id_is_rejected() -> None:
+    message = lbd_pb2.BrokerMessage(hello=lbd_pb2.BrokerInfo(service_url="pulsar://h:1"))
+    with pytest.raises(InvalidInputError, match=r"hello\.broker_id"):
+        convert.broker_message_from_proto(message)
+
+
+def test_empty_broker_message_is_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="hello, load or ack"):
+        convert.broker_message_from_proto(lbd_pb2.BrokerMessage())
+
+
+def test_broker_messages_convert_by_kind() -> None:
+    hello = convert.broker_message_from_proto(
+        lbd_pb2.BrokerMessage(hello=convert.broker_info_to_proto(INFO))
+    )
+    ack = convert.broker_message_from_proto(
+        lbd_pb2.BrokerMessage(ack=lbd_pb2.CommandAck(command_id=7, ok=False, error="busy"))
+    )
+    assert hello == Hello(INFO)
+    assert ack == CommandAck(command_id=7, ok=False, error="busy")
+
+
+def test_load_report_sums_bundles_and_keeps_topics() -> None:
+    report = lbd_pb2.LoadReport(
+        cpu=lbd_pb2.ResourceUsage(usage=50, limit=100),
+        memory=lbd_pb2.ResourceUsage(usage=1024, limit=4096),
+        bundles=[
+            lbd_pb2.BundleStats(
+                bundle=BUNDLE,
+                msg_rate_in=10,
+                msg_rate_out=20,
+                msg_throughput_in=1000,
+                msg_throughput_out=2000,
+                topics=3,
+                producer_count=1,
+                consumer_count=2,
+                topic_stats=[
+                    lbd_pb2.TopicStats(
+                        topic="persistent://public/default/t", msg_rate=30, msg_throughput=3000
+                    )
+                ],
+            ),
+            lbd_pb2.BundleStats(
+                bundle="public/default/0x40000000_0x80000000", msg_throughput_in=500, topics=1
+            ),
+        ],
+    )
+    core = convert.broker_message_from_proto(lbd_pb2.BrokerMessage(load=report))
+    assert isinstance(core, LoadReport)
+    assert core.usage.cpu.percent() == 50
+    assert core.usage.msg_throughput_in == 1500
+    assert core.usage.msg_rate_out == 20
+    assert core.usage.bundle_count == 2 and core.usage.topics == 4
+    first = core.bundle(BUNDLE)
+    assert first is not None and first.sessions == 3 and first.msg_throughput == 3000
+    assert core.topics_of(BUNDLE) == (TopicLoad("persistent://public/default/t", 30, 3000),)
+    assert core.topics_of(BundleId("public/default/0x40000000_0x80000000")) == ()
+
+
+def test_load_report_with_a_bad_bundle_names_the_field() -> None:
+    report = lbd_pb2.LoadReport(bundles=[lbd_pb2.BundleStats(bundle="nope")])
+    with pytest.raises(InvalidInputError, match="invalid bundle id 'nope'"):
+        convert.load_report_from_proto(report)
+
+
+def test_negative_usage_is_rejected() -> None:
+    report = lbd_pb2.LoadReport(cpu=lbd_pb2.ResourceUsage(usage=-1, limit=100))
+    with pytest.raises(InvalidInputError, match=r"load\.cpu"):
+        convert.load_report_from_proto(report)
+
+
+def test_commands_convert_to_proto() -> None:
+    own = convert.sidecar_message_to_proto(SidecarMessage(1, OwnCommand(BUNDLE)))
+    release = convert.sidecar_message_to_proto(SidecarMessage(2, ReleaseCommand(BUNDLE, INFO)))
+    unload = convert.sidecar_message_to_proto(SidecarMessage(3, ReleaseCommand(BUNDLE)))
+    close = convert.sidecar_message_to_proto(SidecarMessage(4, CloseCommand(BUNDLE, "split")))
+    assert own.command_id == 1 and own.own.bundle == BUNDLE
+    assert release.release.new_owner_broker_id == "b1"
+    assert release.release.new_owner.service_url_tls == "pulsar+ssl://h:6651"
+    assert unload.WhichOneof("kind") == "release" and not unload.release.HasField("new_owner")
+    assert close.close.reason == "split"
+
+
+def test_bundle_info_of_init_and_of_a_value() -> None:
+    init = convert.bundle_info(BUNDLE, None)
+    owned = convert.bundle_info(
+        BUNDLE,
+        ServiceUnitStateData(
+            state=ServiceUnitState.Releasing,
+            version_id=4,
+            dst_broker=BrokerId("b2"),
+            source_broker=BrokerId("b1"),
+        ),
+    )
+    assert init.state == lbd_pb2.BUNDLE_STATE_INIT and init.owner_broker_id == ""
+    assert (owned.state, owned.owner_broker_id, owned.source_broker_id, owned.version_id) == (
+        lbd_pb2.BUNDLE_STATE_RELEASING,
+        "b2",
+        "b1",
+        4,
+    )
+    assert convert.ownership_change(BUNDLE, None).state == lbd_pb2.BUNDLE_STATE_INIT
+
+
+def test_bundle_ids_are_canonical_and_required() -> None:
+    assert convert.bundle_id("public/default/0X00000000_0X40000000") == BUNDLE
+    with pytest.raises(InvalidInputError, match="bundle is required"):
+        convert.bundle_id("")
+    with pytest.raises(InvalidInputError, match="dst_broker_id is required"):
+        convert.broker_id("  ", "dst_broker_id")
+
+
+def test_policies_keep_presence_of_optional_numbers() -> None:
+    unset = convert.policies_from_proto(lbd_pb2.NamespacePolicies(isolation_primary=["b.*"]))
+    zero = convert.policies_from_proto(
+        lbd_pb2.NamespacePolicies(
+            isolation_primary=["b.*"],
+            isolation_min_primaries=0,
+            anti_affinity_group="g",
+            max_bundles=8,
+        )
+    )
+    assert unset == NamespacePolicies(isolation=IsolationPolicy(primary=("b.*",)))
+    assert zero.isolation is not None and zero.isolation.min_available_primaries == 0
+    assert (zero.anti_affinity_group, zero.max_bundles) == ("g", 8)
+    assert convert.policies_from_proto(lbd_pb2.NamespacePolicies()) == NamespacePolicies()
+
+
+def test_secondary_isolation_without_primary_is_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="need isolation_primary"):
+        convert.policies_from_proto(lbd_pb2.NamespacePolicies(isolation_secondary=["x"]))
+
+
+def test_bad_policies_are_invalid_input() -> None:
+    with pytest.raises(InvalidInputError, match="max_bundles"):
+        convert.policies_from_proto(lbd_pb2.NamespacePolicies(max_bundles=0))
+
+
+def test_load_response_is_sorted_by_broker() -> None:
+    loads = [
+        BrokerLoadData(BrokerId("b2"), weighted_max_ema=0.5, updated_at_ms=2),
+        BrokerLoadData(BrokerId("b1"), weighted_max_ema=0.25, msg_throughput_ema=10.0),
+    ]
+    response = convert.load_response(loads, 0.375, 0.125)
+    assert [b.broker_id for b in response.brokers] == ["b1", "b2"]
+    assert response.brokers[0].msg_throughput == 10.0 and response.brokers[1].updated_at_ms == 2
+    assert (response.avg, response.std) == (0.375, 0.125)
+
+
+def test_rebalance_response_of_decisions_and_of_a_skip() -> None:
+    moved = convert.rebalance_response(
+        SheddingResult(
+            decisions=(UnloadDecision(BUNDLE, BrokerId("b1"), None, DecisionReason.OVERLOADED),),
+            skip_reason=None,
+            avg=0.5,
+            std=0.3,
+        )
+    )
+    skipped = convert.rebalance_response(
+        SheddingResult(decisions=(), skip_reason=SkipReason.HIT_COUNT, avg=0.1, std=0.0)
+    )
+    assert [(d.bundle, d.src_broker_id, d.dst_broker_id, d.reason) for d in moved.decisions] == [
+        (BUNDLE, "b1", "", "Overloaded")
+    ]
+    assert moved.skip_reason == "" and skipped.skip_reason == "HitCount"

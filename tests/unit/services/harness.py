@@ -1,0 +1,459 @@
+"""In-process sidecars on the memory adapters, for service-level tests.
+
+A :class:`Harness` is one simulated cluster: a shared :class:`MemoryMetadataCluster` ("etcd"), a
+shared :class:`MemoryLog` (the state channel), shared :class:`MemoryLoadTopic` s (broker load and
+top bundles) and one :class:`ManualClock`. :meth:`Harness.add` builds a whole sidecar on it (its
+own metadata session, registry, namespaces, follower, proposer, broker link, fence, reactor,
+lookup and operations), with either ``auto_ack`` or a :class:`FakeBroker` driving the real
+``BrokerLink.session``. Fake brokers write every command they get into one shared, ordered
+:attr:`Harness.events` list, and record a violation whenever a broker is told to own a bundle whose
+hash range another broker serves at that instant (the invariant of DESIGN §8).
+
+Typical use::
+
+    async with Harness() as h:
+        a = await h.add("broker-a")                       # auto_ack
+        b = await h.add("broker-b", fake_broker=True)      # a FakeBroker attached
+        await h.ready()                                    # registries see everyone
+        result = await a.lookup.lookup("persistent://public/default/t")
+        await h.idle()                                     # reactors done, followers caught up
+        assert h.violations == []
+
+Time moves only when a test moves it (``h.clock.advance`` / ``await h.clock.run_for(s)``):
+lease keepalives, fence checks, ack timeouts and settle deadlines all run on that clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from lbd.adapters.clock import ManualClock
+from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
+from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
+from lbd.adapters.session import SessionPolicy
+from lbd.core.broker import (
+    BrokerInfo,
+    BrokerMessage,
+    CloseCommand,
+    CommandAck,
+    Hello,
+    LoadReport,
+    OwnCommand,
+    ReleaseCommand,
+    SidecarMessage,
+)
+from lbd.core.bundles import parse_bundle_id
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceWeights
+from lbd.core.names import NamespaceName
+from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import AssignmentConfig, SplitConfig
+from lbd.services.broker_link import BrokerLink, LinkEventKind
+from lbd.services.fencing import Fence
+from lbd.services.follower import ChannelFollower
+from lbd.services.lookup import LookupService
+from lbd.services.namespaces import NamespaceService
+from lbd.services.operations import Operations
+from lbd.services.ownership import OwnershipReactor
+from lbd.services.proposals import Proposer
+from lbd.services.registry import BrokerRegistry
+
+DEFAULT_NAMESPACE = NamespaceName("public", "default")
+
+WAIT_S = 5.0
+"""Real-time bound of the harness's own waits: in-process work settles in milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEvent:
+    """One command a fake broker received: ``kind`` is ``own``, ``release`` or ``close``."""
+
+    broker: BrokerId
+    kind: str
+    bundle: BundleId
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The timing knobs of every sidecar of a harness (seconds of the manual clock)."""
+
+    lease_ttl_s: int = 15
+    keepalive_interval_s: float = 2.0
+    ack_timeout_s: float = 5.0
+    settle_timeout_s: float = 30.0
+    fence_after_s: float = 8.0
+    fence_check_interval_s: float = 1.0
+    retry_s: float = 1.0
+
+
+class FakeBroker:
+    """A broker on the far side of ``BrokerLink.session``: does and acknowledges what it is told.
+
+    ``ack_own`` / ``ack_release`` choose how it answers Own / Release: ``True`` acknowledges,
+    ``False`` refuses (ok=False), ``None`` never answers (the sidecar's ack timeout decides).
+    """
+
+    def __init__(
+        self,
+        info: BrokerInfo,
+        harness: Harness,
+        *,
+        ack_own: bool | None = True,
+        ack_release: bool | None = True,
+    ) -> None:
+        self.info = info
+        self.serving: set[BundleId] = set()
+        self.ack_own = ack_own
+        self.ack_release = ack_release
+        self._harness = harness
+        self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def id(self) -> BrokerId:
+        """The broker id."""
+        return self.info.broker_id
+
+    @property
+    def connected(self) -> bool:
+        """Whether its session is running."""
+        return self._task is not None and not self._task.done()
+
+    async def connect(self, link: BrokerLink) -> None:
+        """Open a session with ``link`` (Hello first) and wait until the link is attached."""
+        self._outgoing = asyncio.Queue()
+        self._outgoing.put_nowait(Hello(self.info))
+        events = link.events()
+        self._task = asyncio.create_task(self._run(link), name=f"fake-broker-{self.id}")
+        async with asyncio.timeout(WAIT_S), contextlib.aclosing(events):
+            async for event in events:
+                if event.kind is LinkEventKind.ATTACHED and event.info == self.info:
+                    break
+
+    async def disconnect(self) -> None:
+        """End the session (the broker's stream ends) and wait for the link to notice."""
+        if self._task is None:
+            return
+        self._outgoing.put_nowait(None)
+        async with asyncio.timeout(WAIT_S):
+            await self._task
+        self._task = None
+
+    def report(self, report: LoadReport) -> None:
+        """Send a load report."""
+        self._outgoing.put_nowait(report)
+
+    def report_ack(self, ack: CommandAck) -> None:
+        """Send an ack of its own making (e.g. a late answer to a command it left unanswered)."""
+        self._outgoing.put_nowait(ack)
+
+    async def _incoming(self) -> AsyncIterator[BrokerMessage]:
+        while (message := await self._outgoing.get()) is not None:
+            yield message
+
+    async def _run(self, link: BrokerLink) -> None:
+        async with contextlib.aclosing(link.session(self._incoming())) as commands:
+            async for message in commands:
+                self._handle(message)
+
+    def _handle(self, message: SidecarMessage) -> None:
+        command = message.command
+        answer: bool | None = True
+        match command:
+            case OwnCommand(bundle=bundle):
+                self._harness._record(BrokerEvent(self.id, "own", bundle))
+                answer = self.ack_own
+                if answer:
+                    self._harness._check_exclusive(self.id, bundle)
+                    self.serving.add(bundle)
+            case ReleaseCommand(bundle=bundle, new_owner=new_owner):
+                detail = "" if new_owner is None else new_owner.broker_id
+                self._harness._record(BrokerEvent(self.id, "release", bundle, detail))
+                self.serving.discard(bundle)
+                answer = self.ack_release
+            case CloseCommand(bundle=bundle, reason=reason):
+                self._harness._record(BrokerEvent(self.id, "close", bundle, reason))
+                self.serving.discard(bundle)
+        if answer is not None:
+            self._outgoing.put_nowait(CommandAck(message.command_id, ok=answer))
+
+
+@dataclass(eq=False)
+class Sidecar:
+    """One sidecar's services, built and started by :meth:`Harness.add`."""
+
+    me: BrokerId
+    info: BrokerInfo
+    metadata: MemoryMetadataStore
+    channel: MemoryChannelLog
+    follower: ChannelFollower
+    proposer: Proposer
+    registry: BrokerRegistry
+    namespaces: NamespaceService
+    link: BrokerLink
+    fence: Fence
+    reactor: OwnershipReactor
+    load_store: MemoryLoadStore
+    lookup: LookupService
+    operations: Operations
+    broker: FakeBroker | None = None
+    closed: bool = field(default=False)
+
+    def served(self) -> frozenset[BundleId]:
+        """What the link believes its broker serves."""
+        return self.link.served()
+
+    async def publish_load(self, usage: BrokerUsage, now_ms: int) -> None:
+        """Publish this broker's load on the broker-load topic (as the load reporter would)."""
+        data = BrokerLoadData(self.me).update(usage, ResourceWeights(), now_ms)
+        await self.load_store.publish(self.me, data.to_json())
+
+    async def close(self) -> None:
+        """Stop everything of this sidecar (its broker disconnects first). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.broker is not None:
+            await self.broker.disconnect()
+        await self.reactor.close()
+        await self.fence.close()
+        await self.registry.close()
+        await self.follower.close()
+        await self.channel.close()
+        await self.load_store.close()
+        await self.metadata.close()
+
+
+class Harness:
+    """A cluster of in-process sidecars on shared memory adapters and one manual clock."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 7,
+        timing: Timing | None = None,
+        assignment: AssignmentConfig | None = None,
+        split_config: SplitConfig | None = None,
+        default_bundles: int = 4,
+    ) -> None:
+        self.clock = ManualClock()
+        self.metadata = MemoryMetadataCluster(self.clock)
+        self.log = MemoryLog()
+        self.broker_load = MemoryLoadTopic()
+        self.top_bundles = MemoryLoadTopic()
+        self.timing = timing or Timing()
+        self.assignment = assignment or AssignmentConfig()
+        self.split_config = split_config or SplitConfig()
+        self.default_bundles = default_bundles
+        self.sidecars: dict[BrokerId, Sidecar] = {}
+        self.events: list[BrokerEvent] = []
+        """Every command fake brokers received, in order."""
+        self.violations: list[str] = []
+        """Each time a broker was told to own a range another broker was serving."""
+        self._seed = seed
+
+    async def __aenter__(self) -> Harness:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every sidecar."""
+        for sidecar in list(self.sidecars.values()):
+            await sidecar.close()
+
+    def __getitem__(self, broker: str) -> Sidecar:
+        return self.sidecars[BrokerId(broker)]
+
+    async def add(
+        self,
+        broker: str,
+        *,
+        auto_ack: bool = True,
+        fake_broker: bool = False,
+        ack_own: bool | None = True,
+        ack_release: bool | None = True,
+        version: str = "1.0",
+    ) -> Sidecar:
+        """Build and start a sidecar for ``broker``; with ``fake_broker``, attach a FakeBroker.
+
+        The first sidecar also creates the default namespace (``public/default``).
+        """
+        me = BrokerId(broker)
+        t = self.timing
+        info = BrokerInfo(
+            me,
+            service_url=f"pulsar://{broker}:6650",
+            web_service_url=f"http://{broker}:8080",
+            version=version,
+            start_time_ms=self.clock.now_ms(),
+        )
+        metadata = MemoryMetadataStore(
+            self.metadata, SessionPolicy(t.lease_ttl_s, t.keepalive_interval_s)
+        )
+        await metadata.start()
+        channel = MemoryChannelLog(self.log)
+        follower = ChannelFollower(channel, name=f"follower-{broker}")
+        proposer = Proposer(channel, follower, self.clock)
+        registry = BrokerRegistry(metadata, self.clock)
+        namespaces = NamespaceService(metadata, self.default_bundles)
+        link = BrokerLink(me, auto_ack=auto_ack, ack_timeout_s=t.ack_timeout_s, clock=self.clock)
+        fence = Fence(
+            metadata,
+            link,
+            self.clock,
+            fence_after_s=t.fence_after_s,
+            check_interval_s=t.fence_check_interval_s,
+        )
+        reactor = OwnershipReactor(
+            me,
+            follower=follower,
+            proposer=proposer,
+            link=link,
+            registry=registry,
+            namespaces=namespaces,
+            clock=self.clock,
+            self_info=info,
+            sidecar_grpc_addr=f"{broker}:7000",
+            fence=fence,
+            retry_s=t.retry_s,
+        )
+        load_store = MemoryLoadStore(self.broker_load, self.clock)
+        lookup = LookupService(
+            me,
+            follower=follower,
+            proposer=proposer,
+            registry=registry,
+            namespaces=namespaces,
+            load_store=load_store,
+            clock=self.clock,
+            rng=random.Random(self._seed + len(self.sidecars)),
+            assignment=self.assignment,
+            settle_timeout_s=t.settle_timeout_s,
+            fence=fence,
+        )
+        operations = Operations(
+            me,
+            follower=follower,
+            proposer=proposer,
+            registry=registry,
+            namespaces=namespaces,
+            lookup=lookup,
+            link=link,
+            split_config=self.split_config,
+            settle_timeout_s=t.settle_timeout_s,
+        )
+        sidecar = Sidecar(
+            me,
+            info,
+            metadata,
+            channel,
+            follower,
+            proposer,
+            registry,
+            namespaces,
+            link,
+            fence,
+            reactor,
+            load_store,
+            lookup,
+            operations,
+        )
+        self.sidecars[me] = sidecar
+        await load_store.start()
+        await follower.start()
+        async with asyncio.timeout(WAIT_S):
+            await follower.wait_ready()
+        await registry.start()
+        await fence.start()
+        await reactor.start()
+        if len(self.sidecars) == 1:
+            await namespaces.ensure(DEFAULT_NAMESPACE, self.default_bundles)
+        if fake_broker:
+            sidecar.broker = FakeBroker(info, self, ack_own=ack_own, ack_release=ack_release)
+            await sidecar.broker.connect(link)
+        return sidecar
+
+    async def start(
+        self, count: int, *, auto_ack: bool = True, fake_broker: bool = False
+    ) -> list[Sidecar]:
+        """Add ``count`` sidecars ``broker-0``... and wait until all see all."""
+        sidecars = [
+            await self.add(f"broker-{i}", auto_ack=auto_ack, fake_broker=fake_broker)
+            for i in range(count)
+        ]
+        await self.ready()
+        return sidecars
+
+    async def ready(self) -> None:
+        """Wait until every registry sees every sidecar whose broker should be registered."""
+        expected = {
+            me
+            for me, s in self.sidecars.items()
+            if not s.closed and (s.link.auto_ack or s.link.attached)
+        }
+        async with asyncio.timeout(WAIT_S):
+            for sidecar in self.live():
+                await sidecar.registry.wait_for(expected)
+
+    def live(self) -> list[Sidecar]:
+        """The sidecars not closed."""
+        return [s for s in self.sidecars.values() if not s.closed]
+
+    async def idle(self) -> None:
+        """Wait until every follower applied the whole log and no reactor has work left."""
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                if self.log.messages:
+                    last = self.log.messages[-1].position
+                    for sidecar in self.live():
+                        await sidecar.follower.wait_applied(last)
+                for sidecar in self.live():
+                    await sidecar.reactor.idle()
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                settled = not self.log.messages or all(
+                    s.follower.table.last_position == self.log.messages[-1].position
+                    for s in self.live()
+                )
+                if settled and not any(s.reactor.busy for s in self.live()):
+                    return
+
+    def owner(self, bundle: BundleId) -> BrokerId | None:
+        """The owner of ``bundle`` in the first live sidecar's table (None unless Owned)."""
+        value = self.live()[0].follower.get(bundle)
+        if value is None or value.state is not ServiceUnitState.Owned:
+            return None
+        return value.dst_broker
+
+    def kinds(self, bundle: BundleId) -> list[tuple[BrokerId, str]]:
+        """The (broker, kind) of every broker event about ``bundle``, in order."""
+        return [(e.broker, e.kind) for e in self.events if e.bundle == bundle]
+
+    def _record(self, event: BrokerEvent) -> None:
+        self.events.append(event)
+
+    def _check_exclusive(self, broker: BrokerId, bundle: BundleId) -> None:
+        wanted = parse_bundle_id(bundle)
+        for sidecar in self.sidecars.values():
+            other = sidecar.broker
+            if other is None or other.id == broker:
+                continue
+            for served in other.serving:
+                have = parse_bundle_id(served)
+                overlap = (
+                    have.namespace == wanted.namespace
+                    and have.range.lo < wanted.range.hi
+                    and wanted.range.lo < have.range.hi
+                )
+                if overlap:
+                    self.violations.append(
+                        f"{broker} told to own {bundle} while {other.id} serves {served}"
+                    )

@@ -1,0 +1,162 @@
+"""BrokerLink: the session stream, acknowledged commands, timeouts, replacement, auto-ack."""
+
+import asyncio
+import contextlib
+
+import pytest
+
+from lbd.adapters.clock import ManualClock
+from lbd.core.broker import (
+    BrokerInfo,
+    CloseCommand,
+    CommandAck,
+    Hello,
+    LoadReport,
+    OwnCommand,
+    ReleaseCommand,
+)
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.services.broker_link import BrokerLink, LinkEventKind
+
+ME = BrokerId("me")
+B1 = BundleId("public/default/0x00000000_0x40000000")
+B2 = BundleId("public/default/0x40000000_0x80000000")
+
+
+class Broker:
+    """A scripted far end: a queue of messages to send, the commands it got."""
+
+    def __init__(self, link: BrokerLink, info: BrokerInfo | None = None) -> None:
+        self.outgoing: asyncio.Queue[object] = asyncio.Queue()
+        self.outgoing.put_nowait(Hello(info or BrokerInfo(ME)))
+        self.commands: asyncio.Queue[object] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(link))
+
+    async def _incoming(self):
+        while (message := await self.outgoing.get()) is not None:
+            yield message
+
+    async def _run(self, link: BrokerLink) -> None:
+        async with contextlib.aclosing(link.session(self._incoming())) as commands:
+            async for message in commands:
+                self.commands.put_nowait(message)
+
+    async def next_command(self):
+        async with asyncio.timeout(2):
+            return await self.commands.get()
+
+    async def end(self) -> None:
+        self.outgoing.put_nowait(None)
+        async with asyncio.timeout(2):
+            await self.task
+
+
+async def attached(link: BrokerLink, events) -> None:
+    async with asyncio.timeout(2):
+        event = await anext(events)
+    assert event.kind is LinkEventKind.ATTACHED
+
+
+async def test_commands_wait_for_the_brokers_ack() -> None:
+    clock = ManualClock()
+    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=clock)
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    assert link.attached and link.info == BrokerInfo(ME)
+    owning = asyncio.create_task(link.own(B1))
+    command = await broker.next_command()
+    assert command.command == OwnCommand(B1)
+    assert not owning.done()
+    broker.outgoing.put_nowait(CommandAck(command.command_id))
+    assert await owning is True
+    assert link.served() == {B1}
+    assert await link.own(B1) is True  # already served: nothing sent
+    assert broker.commands.empty()
+    new_owner = BrokerInfo(BrokerId("other"), service_url="pulsar://other:6650")
+    releasing = asyncio.create_task(link.release(B1, new_owner))
+    command = await broker.next_command()
+    assert command.command == ReleaseCommand(B1, new_owner)
+    broker.outgoing.put_nowait(CommandAck(command.command_id, ok=False, error="busy"))
+    assert await releasing is False
+    assert link.served() == frozenset()
+    report = LoadReport()
+    broker.outgoing.put_nowait(report)
+    await broker.end()
+    assert link.latest_report is report
+    async with asyncio.timeout(2):
+        assert (await anext(events)).kind is LinkEventKind.DETACHED
+    assert not link.attached
+
+
+async def test_an_unanswered_command_times_out_on_the_clock() -> None:
+    clock = ManualClock()
+    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=clock)
+    broker = Broker(link)
+    owning = asyncio.create_task(link.own(B1))
+    await broker.next_command()
+    await clock.run_for(4.9, step=0.7)
+    assert not owning.done()
+    await clock.run_for(0.2, step=0.1)
+    async with asyncio.timeout(2):
+        assert await owning is False
+    assert link.served() == frozenset()
+    await broker.end()
+
+
+async def test_a_session_must_start_with_hello_from_this_broker() -> None:
+    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+
+    async def messages(*items):
+        for item in items:
+            yield item
+
+    with pytest.raises(InvalidInputError, match="must start with Hello, got LoadReport"):
+        await anext(link.session(messages(LoadReport())))
+    with pytest.raises(InvalidInputError, match="'other' said Hello to the sidecar of broker 'me'"):
+        await anext(link.session(messages(Hello(BrokerInfo(BrokerId("other"))))))
+    assert not link.attached
+
+
+async def test_a_new_session_replaces_the_open_one_and_pending_commands_fail() -> None:
+    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+    events = link.events()
+    first = Broker(link)
+    await attached(link, events)
+    owning = asyncio.create_task(link.own(B1))
+    await first.next_command()
+    second = Broker(link, BrokerInfo(ME, version="2"))
+    await attached(link, events)
+    async with asyncio.timeout(2):
+        assert await owning is False
+        await first.task  # the replaced session ended
+    assert link.info == BrokerInfo(ME, version="2")
+    closing = asyncio.create_task(link.close_bundle(B2, "test"))
+    command = await second.next_command()
+    assert command.command == CloseCommand(B2, "test")
+    second.outgoing.put_nowait(CommandAck(command.command_id))
+    await closing
+    await second.end()
+    async with asyncio.timeout(2):
+        assert (await anext(events)).kind is LinkEventKind.DETACHED
+
+
+async def test_auto_ack_serves_alone_and_nothing_is_owned_while_fenced() -> None:
+    link = BrokerLink(ME, auto_ack=True, ack_timeout_s=5, clock=ManualClock())
+    assert await link.own(B1) and await link.own(B2)
+    assert link.served() == {B1, B2}
+    await link.fence("test")
+    assert link.served() == frozenset() and link.fenced
+    assert await link.own(B1) is False
+    link.unfence()
+    assert await link.own(B1) is True
+    assert await link.release(B1, None) is True
+    assert link.served() == frozenset()
+
+
+async def test_without_auto_ack_and_broker_nothing_is_acknowledged() -> None:
+    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+    assert await link.own(B1) is False
+    assert await link.release(B1, None) is False
+    assert link.served() == frozenset()

@@ -1,0 +1,335 @@
+"""The leader's ownership monitor: orphans after the grace period and never in safe mode, stuck
+in-flight states, tombstones, and the Kafka-style term fence. In-memory store and channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from harness import Harness
+from rig import settle, turns
+
+from lbd.adapters.clock import ManualClock
+from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
+from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
+from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
+from lbd.adapters.session import SessionPolicy
+from lbd.config.schema import CheckpointSettings, MonitorSettings
+from lbd.core.broker import BrokerInfo
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.names import NamespaceName
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.metrics import Metrics
+from lbd.services.follower import ChannelFollower
+from lbd.services.monitor import CheckpointDuty, OwnershipMonitor
+from lbd.services.namespaces import NamespaceService
+from lbd.services.proposals import Proposer
+from lbd.services.registry import BrokerRegistry
+
+S = ServiceUnitState
+X, Y, Z = BrokerId("broker-x"), BrokerId("broker-y"), BrokerId("broker-z")
+NS = NamespaceName.parse("public/default")
+B1 = BundleId("public/default/0x00000000_0x40000000")
+B2 = BundleId("public/default/0x40000000_0x80000000")
+B3 = BundleId("public/default/0x80000000_0xc0000000")
+CHILD_LO = BundleId("public/default/0x00000000_0x20000000")
+CHILD_HI = BundleId("public/default/0x20000000_0x40000000")
+TERM = 5
+POLICY = SessionPolicy(lease_ttl_s=10, keepalive_interval_s=1.0)
+SETTINGS = MonitorSettings(
+    interval_s=60, inflight_timeout_s=30, tombstone_after_s=3600, orphan_cleanup_grace_s=60
+)
+
+
+@dataclass
+class Rig:
+    clock: ManualClock
+    cluster: MemoryMetadataCluster
+    others: MemoryMetadataStore
+    """Registers the brokers X, Y, Z (as their sidecars would)."""
+    registry: BrokerRegistry
+    namespaces: NamespaceService
+    writer: MemoryChannelLog
+    follower: ChannelFollower
+    monitor: OwnershipMonitor
+    metrics: Metrics
+
+    async def register(self, *brokers: BrokerId) -> None:
+        for broker in brokers:
+            await self.others.register_broker(broker, BrokerInfo(broker).to_json())
+        await turns(lambda: all(self.registry.get(b) is not None for b in brokers))
+
+    async def deregister(self, broker: BrokerId) -> None:
+        await self.others.deregister_broker(broker)
+        await turns(lambda: self.registry.get(broker) is None)
+
+    async def write(
+        self,
+        bundle: BundleId,
+        state: ServiceUnitState,
+        *,
+        dst: BrokerId | None = None,
+        src: BrokerId | None = None,
+        age_s: float = 0.0,
+        children: Mapping[BundleId, BrokerId | None] | None = None,
+        leader_term: int | None = None,
+        force: bool = False,
+    ) -> None:
+        current = self.follower.get(bundle)
+        value = ServiceUnitStateData(
+            state=state,
+            version_id=1 if current is None else current.version_id + 1,
+            dst_broker=dst,
+            source_broker=src,
+            split_children=children,
+            timestamp_ms=self.clock.now_ms() - round(age_s * 1000),
+            leader_term=leader_term,
+            force=force,
+        )
+        position = await self.writer.publish(bundle, encode_value(value))
+        await self.follower.wait_applied(position)
+
+    async def sweep(self):
+        report = await self.monitor.run_once(TERM)
+        last = self.writer.log.messages[-1].position if len(self.writer.log) else None
+        if last is not None:
+            await self.follower.wait_applied(last)
+        return report
+
+    def cleanup(self, kind: str, result: str) -> float:
+        return self.metrics.channel_cleanup_ops.labels(kind=kind, result=result)._value.get()
+
+
+@contextlib.asynccontextmanager
+async def rig() -> AsyncIterator[Rig]:
+    clock = ManualClock()
+    cluster = MemoryMetadataCluster(clock)
+    leader_store, others = (
+        MemoryMetadataStore(cluster, POLICY),
+        MemoryMetadataStore(cluster, POLICY),
+    )
+    await leader_store.start()
+    await others.start()
+    registry = BrokerRegistry(leader_store, clock)
+    await registry.start()
+    namespaces = NamespaceService(leader_store)
+    await namespaces.create(NS, 4)
+    log = MemoryLog()
+    follower = ChannelFollower(MemoryChannelLog(log))
+    await follower.start()
+    await turns(lambda: follower.is_ready)
+    metrics = Metrics()
+    monitor = OwnershipMonitor(
+        Proposer(MemoryChannelLog(log), follower, clock),
+        follower,
+        registry,
+        namespaces,
+        MemoryLoadStore(MemoryLoadTopic(), clock),
+        clock,
+        SETTINGS,
+        metrics=metrics,
+        rng=random.Random(7),
+    )
+    try:
+        yield Rig(
+            clock,
+            cluster,
+            others,
+            registry,
+            namespaces,
+            MemoryChannelLog(log),
+            follower,
+            monitor,
+            metrics,
+        )
+    finally:
+        await follower.close()
+        await registry.close()
+        await others.close()
+        await leader_store.close()
+
+
+def forced(value: ServiceUnitStateData | None) -> bool:
+    return value is not None and value.force and value.leader_term == TERM
+
+
+async def test_orphans_are_reassigned_only_after_the_grace_period() -> None:
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.write(B2, S.Owned, dst=Y)
+        await r.deregister(X)
+
+        report = await r.sweep()
+        assert report.fixes == () and set(report.waiting) == {X}
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s - 1)
+        assert (await r.sweep()).fixes == ()
+        assert r.follower.get(B1).state is S.Owned
+
+        await r.clock.run_for(1.5)
+        report = await r.sweep()
+        assert [(f.bundle, f.kind, f.state, f.dst) for f in report.fixes] == [
+            (B1, "orphan", S.Assigning, Y)
+        ]
+        value = r.follower.get(B1)
+        assert value.state is S.Assigning and value.dst_broker == Y
+        assert value.source_broker == X and forced(value)
+        assert r.follower.get(B2).state is S.Owned  # a live owner's bundle is left alone
+        assert r.cleanup("orphan", "Success") == 1
+
+
+async def test_a_re_registration_cancels_the_cleanup() -> None:
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.deregister(X)
+        assert set((await r.sweep()).waiting) == {X}
+
+        await r.clock.run_for(30)
+        await r.register(X)
+        assert (await r.sweep()).waiting == {}
+        assert r.cleanup("orphan", "Cancel") == 1
+
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s * 2)
+        assert (await r.sweep()).fixes == ()
+        assert r.follower.get(B1).dst_broker == X and r.follower.get(B1).state is S.Owned
+
+
+async def test_no_orphan_is_cleaned_up_in_safe_mode() -> None:
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.sweep()
+        r.cluster.set_reachable(False)
+        await settle(r.clock, lambda: not r.registry.reachable)
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s * 2)
+
+        report = await r.sweep()
+        assert report.fixes == () and report.skipped is not None and "safe mode" in report.skipped
+        assert r.follower.get(B1).state is S.Owned
+
+        r.cluster.set_reachable(True)
+        await settle(r.clock, lambda: r.registry.reachable)
+        assert [f.bundle for f in (await r.sweep()).fixes] == [B1]
+
+
+async def test_an_orphan_the_leader_never_saw_leave_gets_the_grace_from_when_it_noticed() -> None:
+    async with rig() as r:
+        await r.register(Y)
+        await r.write(B1, S.Owned, dst=X)  # X left before this leader was watching
+        assert set((await r.sweep()).waiting) == {X}
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        fixes = (await r.sweep()).fixes
+        assert [(f.bundle, f.dst) for f in fixes] == [(B1, Y)]
+
+
+async def test_stuck_in_flight_states_are_overridden() -> None:
+    async with rig() as r:
+        await r.register(Y, Z)
+        await r.write(B1, S.Assigning, dst=Y, age_s=31)  # Y never took it
+        await r.write(B2, S.Owned, dst=Y, age_s=60)
+        await r.write(B2, S.Releasing, dst=Z, src=Y, age_s=31)  # Y never released it
+        await r.write(B3, S.Assigning, dst=Z, age_s=10)  # young: left alone
+
+        report = await r.sweep()
+        assert {(f.bundle, f.kind, f.state, f.dst) for f in report.fixes} == {
+            (B1, "inflight", S.Assigning, Z),
+            (B2, "inflight", S.Assigning, Z),
+        }
+        b1, b2 = r.follower.get(B1), r.follower.get(B2)
+        assert forced(b1) and b1.dst_broker == Z
+        assert forced(b2) and (b2.dst_broker, b2.source_broker) == (Z, Y)
+        assert r.follower.get(B3).state is S.Assigning and not r.follower.get(B3).force
+        assert r.cleanup("inflight", "Success") == 2
+
+
+async def test_a_stuck_split_goes_back_to_its_source_or_is_finished() -> None:
+    async with rig() as r:
+        await r.register(Y)
+        children = {CHILD_LO: Y, CHILD_HI: Y}
+        await r.write(B1, S.Owned, dst=Y, age_s=60)
+        await r.write(B1, S.Splitting, src=Y, children=children, age_s=31)
+        await r.write(B2, S.Owned, dst=Y, age_s=60)
+        other_children = {
+            BundleId("public/default/0x40000000_0x60000000"): Y,
+            BundleId("public/default/0x60000000_0x80000000"): Y,
+        }
+        await r.write(B2, S.Splitting, src=Y, children=other_children, age_s=31)
+        await r.write(next(iter(other_children)), S.Owned, dst=Y)  # this split got further
+
+        report = await r.sweep()
+        assert {(f.bundle, f.state) for f in report.fixes} == {(B1, S.Owned), (B2, S.Deleted)}
+        b1 = r.follower.get(B1)
+        assert forced(b1) and b1.state is S.Owned and b1.dst_broker == Y
+        assert forced(r.follower.get(B2)) and r.follower.get(B2).state is S.Deleted
+
+
+async def test_old_free_and_deleted_values_are_tombstoned() -> None:
+    async with rig() as r:
+        await r.write(B1, S.Free, src=X, age_s=SETTINGS.tombstone_after_s + 1)
+        await r.write(B2, S.Deleted, src=X, age_s=SETTINGS.tombstone_after_s + 1)
+        await r.write(B3, S.Free, src=X, age_s=SETTINGS.tombstone_after_s - 10)
+        report = await r.sweep()
+        assert {(f.bundle, f.kind, f.state) for f in report.fixes} == {
+            (B1, "tombstone", None),
+            (B2, "tombstone", None),
+        }
+        assert B1 not in r.follower.table and B2 not in r.follower.table
+        assert r.follower.get(B3).state is S.Free
+        assert r.cleanup("tombstone", "Success") == 2
+
+
+async def test_a_deposed_leader_writes_nothing() -> None:
+    async with rig() as r:
+        await r.register(Y)
+        await r.write(B1, S.Assigning, dst=Y, age_s=31)
+        await r.write(B2, S.Owned, dst=Y, leader_term=TERM + 1, force=True)
+        before = len(r.writer.log)
+        report = await r.sweep()
+        assert report.fixes == () and report.skipped is not None
+        assert len(r.writer.log) == before
+
+
+async def test_the_checkpoint_duty_saves_under_the_leaders_term() -> None:
+    async with rig() as r:
+        store = MemoryCheckpointStore()
+        duty = CheckpointDuty(store, r.follower, r.clock, CheckpointSettings(interval_s=300))
+        await r.write(B1, S.Owned, dst=Y)
+        task = asyncio.create_task(duty.run_leading(TERM))
+        try:
+            await settle(r.clock, lambda: store.saves == 1, seconds=301)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        saved = await store.load()
+        assert saved is not None and saved.leader_term == TERM
+        assert saved.position == r.follower.table.last_position
+
+
+async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a")
+        b = await h.add("broker-b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(B1, a.me)
+        await h.idle()
+        monitor = OwnershipMonitor(
+            b.proposer, b.follower, b.registry, b.namespaces, b.load_store, h.clock, SETTINGS
+        )
+        await a.close()  # its lease is revoked: the registration vanishes at once
+        await turns(lambda: b.registry.get(a.me) is None)
+        assert (await monitor.run_once(TERM)).fixes == ()
+
+        await h.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        fixes = (await monitor.run_once(TERM)).fixes
+        await h.idle()
+
+        assert [(f.bundle, f.dst) for f in fixes] == [(B1, b.me)]
+        assert h.owner(B1) == b.me and B1 in b.broker.serving
+        assert h.violations == []

@@ -1,0 +1,149 @@
+"""OwnershipReactor with fake brokers: Own before Owned, Release before moving on, reconcile,
+registration while attached."""
+
+import asyncio
+
+from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
+
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.ids import BrokerId
+from lbd.core.state import ServiceUnitState
+
+BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
+B0 = BUNDLES[0]
+S = ServiceUnitState
+
+
+async def test_assigning_to_me_is_owned_only_after_the_broker_acked_own() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        assert h.kinds(B0) == [("a", "own")]
+        value = a.follower.get(B0)
+        assert (value.state, value.dst_broker, value.version_id) == (S.Owned, "a", 2)
+        assert a.broker.serving == {B0} and a.served() == {B0}
+
+
+async def test_a_broker_that_refuses_own_leaves_the_bundle_assigning() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True, ack_own=False)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        assert a.follower.get(B0).state is S.Assigning
+        assert a.served() == frozenset()
+
+
+async def test_an_unload_releases_then_frees() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        assert await a.operations.unload(B0) == "a"
+        await h.idle()
+        assert h.kinds(B0) == [("a", "own"), ("a", "release")]
+        value = a.follower.get(B0)
+        assert (value.state, value.source_broker, value.dst_broker) == (S.Free, "a", None)
+        assert a.broker.serving == set()
+        assert a.reactor.release_timeouts == 0
+
+
+async def test_an_unacknowledged_release_moves_on_after_the_timeout_and_is_counted() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True, ack_release=None)
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        transfer = asyncio.create_task(a.operations.transfer(B0, b.me))
+        await asyncio.sleep(0.01)
+        assert a.follower.get(B0).state is S.Releasing
+        await h.clock.run_for(h.timing.ack_timeout_s - 1, step=0.5)
+        assert a.follower.get(B0).state is S.Releasing  # still waiting for the ack
+        await h.clock.run_for(1.5, step=0.5)
+        async with asyncio.timeout(2):
+            assert await transfer == ("a", "b")
+        assert a.reactor.release_timeouts == 1
+        assert h.owner(B0) == "b"
+
+
+async def test_the_broker_serves_exactly_what_the_table_says_after_reattaching() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        for bundle in BUNDLES[:2]:
+            await a.proposer.propose(bundle, S.Assigning, dst=a.me)
+        await h.idle()
+        await a.broker.disconnect()
+        a.broker.serving.clear()  # the broker restarted
+        h.events.clear()
+        await a.broker.connect(a.link)
+        await h.idle()
+        assert sorted((e.kind, e.bundle) for e in h.events) == [("own", b) for b in BUNDLES[:2]]
+        assert a.broker.serving == set(BUNDLES[:2])
+
+
+async def test_a_served_bundle_the_table_gives_to_another_broker_is_closed() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        # A forced override (as the leader's monitor writes) gives it to someone else.
+        await a.proposer.propose(B0, S.Assigning, dst=BrokerId("other"), force=True, leader_term=1)
+        await h.idle()
+        assert h.kinds(B0) == [("a", "own"), ("a", "close")]
+        assert a.broker.serving == set() and a.served() == frozenset()
+
+
+async def test_the_broker_is_registered_only_while_attached() -> None:
+    async with Harness() as h:
+        watcher = await h.add("watcher")
+        a = await h.add("a", auto_ack=False)
+        await h.ready()
+        assert a.me not in watcher.registry.brokers()
+        a.broker = FakeBroker(a.info, h)
+        await a.broker.connect(a.link)
+        await h.ready()
+        info = watcher.registry.get(a.me)
+        assert info is not None and info.sidecar_grpc_addr == "a:7000"
+        assert info.service_url == a.info.service_url
+        changes = watcher.registry.changes()
+        await a.broker.disconnect()
+        async with asyncio.timeout(2):
+            async for event in changes:
+                if event.broker == a.me and event.value is None:
+                    break
+        assert a.me not in watcher.registry.brokers()
+        assert watcher.registry.absent_since(a.me) == h.clock.monotonic()
+
+
+async def test_auto_ack_registers_at_start_and_serves_on_its_own() -> None:
+    async with Harness() as h:
+        a = await h.add("a")
+        await h.ready()
+        assert a.registry.get(a.me).sidecar_grpc_addr == "a:7000"
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        assert a.follower.get(B0).state is S.Owned
+        assert a.served() == {B0}
+
+
+async def test_a_transfer_releases_on_the_source_before_the_destination_owns() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        assert await b.operations.transfer(B0, b.me) == ("a", "b")
+        await h.idle()
+        assert h.kinds(B0) == [("a", "own"), ("a", "release"), ("b", "own")]
+        release = next(e for e in h.events if e.kind == "release")
+        assert release.detail == "b"  # the new owner travels with the Release
+        value = b.follower.get(B0)
+        assert (value.state, value.dst_broker, value.source_broker) == (S.Owned, "b", "a")
+        assert h.violations == []

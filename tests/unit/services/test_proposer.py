@@ -1,0 +1,91 @@
+"""Proposer: next versions, who won, settle deadlines on the injected clock."""
+
+import asyncio
+
+import pytest
+
+from lbd.adapters.clock import ManualClock
+from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.core.errors import DeadlineError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, decode_value
+from lbd.services.follower import ChannelFollower
+from lbd.services.proposals import Proposer, within
+
+B = BundleId("public/default/0x00000000_0x40000000")
+A, X = BrokerId("a"), BrokerId("x")
+S = ServiceUnitState
+
+
+@pytest.fixture
+async def proposers():
+    clock = ManualClock()
+    log = MemoryLog()
+    followers = [ChannelFollower(MemoryChannelLog(log)) for _ in range(2)]
+    for follower in followers:
+        await follower.start()
+        await follower.wait_ready()
+    yield clock, log, [Proposer(MemoryChannelLog(log), f, clock) for f in followers]
+    for follower in followers:
+        await follower.close()
+
+
+async def test_proposals_carry_the_next_version_and_the_clock(proposers) -> None:
+    clock, log, (p, _) = proposers
+    assert await p.propose_and_wait(B, S.Assigning, dst=A)
+    assert await p.propose_and_wait(B, S.Owned, dst=A)
+    values = [decode_value(m.value) for m in log.messages]
+    assert [(v.state, v.version_id, v.timestamp_ms) for v in values] == [
+        (S.Assigning, 1, clock.now_ms()),
+        (S.Owned, 2, clock.now_ms()),
+    ]
+    await p.tombstone(B)
+    await p.follower.wait_applied(log.messages[-1].position)
+    assert p.follower.get(B) is None
+
+
+async def test_of_two_conflicting_proposals_the_first_wins(proposers) -> None:
+    _clock, _log, (p, q) = proposers
+    first = asyncio.create_task(p.propose_and_wait(B, S.Assigning, dst=A))
+    second = asyncio.create_task(q.propose_and_wait(B, S.Assigning, dst=X))
+    assert sorted([await first, await second]) == [False, True]
+    winner = A if await first else X
+    assert p.follower.get(B).dst_broker == q.follower.get(B).dst_broker == winner
+
+
+async def test_a_won_proposal_counts_even_if_the_next_step_follows_at_once(proposers) -> None:
+    _clock, _log, (p, q) = proposers
+    await p.propose_and_wait(B, S.Assigning, dst=A)
+    # q writes the next step as soon as it sees p's value, before p looks at its table.
+    waiting = asyncio.create_task(p.propose_and_wait(B, S.Owned, dst=A))
+    await q.settle(B, lambda v: v is not None and v.state is S.Owned, 5)
+    await q.propose(B, S.Releasing, dst=X, src=A)
+    assert await waiting is True
+
+
+async def test_settle_times_out_on_the_clock_with_the_bundles_state(proposers) -> None:
+    clock, _log, (p, _) = proposers
+    await p.propose_and_wait(B, S.Assigning, dst=A)
+    settling = asyncio.create_task(p.settle(B, lambda v: v.state is S.Owned, 10))
+    await asyncio.sleep(0)
+    await clock.run_for(9.5, step=0.5)
+    assert not settling.done()
+    await clock.run_for(1, step=0.5)
+    with pytest.raises(DeadlineError, match=r"did not settle within 10s; it is Assigning \(dst=a"):
+        async with asyncio.timeout(2):
+            await settling
+
+
+async def test_within_returns_the_result_or_cancels_the_work() -> None:
+    clock = ManualClock()
+    assert await within(clock, 1, asyncio.sleep(0, result=7), "quick") == 7
+    never = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(within(clock, 1, never, "the slow thing"))
+    for _ in range(3):  # the deadline starts once within() and its timer have run
+        await asyncio.sleep(0)
+    await clock.run_for(0.9, step=0.5)
+    assert not task.done()
+    await clock.run_for(0.2, step=0.1)
+    with pytest.raises(DeadlineError, match="the slow thing did not finish within 1s"):
+        await task
+    assert never.cancelled()

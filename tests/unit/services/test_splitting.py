@@ -1,0 +1,120 @@
+"""The split scheduler on in-process sidecars: a hot bundle splits after the hit count."""
+
+from __future__ import annotations
+
+from harness import DEFAULT_NAMESPACE, Harness, Sidecar
+from rig import settle, turns
+
+from lbd.config.schema import SplitSettings
+from lbd.core.broker import LoadReport
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.ids import BundleId
+from lbd.core.load import BundleLoad
+from lbd.core.split import SplitReason
+from lbd.core.state import ServiceUnitState
+from lbd.metrics import Metrics
+from lbd.services.splitting import SplitScheduler
+
+S = ServiceUnitState
+SETTINGS = SplitSettings(interval_s=60, hit_count_threshold=3)
+BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
+HOT, COOL, ELSEWHERE = BUNDLES[0], BUNDLES[1], BUNDLES[2]
+HOT_CHILDREN = {
+    BundleId("public/default/0x00000000_0x20000000"),
+    BundleId("public/default/0x20000000_0x40000000"),
+}
+
+
+def scheduler(h: Harness, sidecar: Sidecar, metrics: Metrics | None = None) -> SplitScheduler:
+    return SplitScheduler(
+        sidecar.me,
+        sidecar.operations,
+        sidecar.follower,
+        sidecar.link,
+        sidecar.namespaces,
+        h.clock,
+        SETTINGS,
+        metrics=metrics,
+    )
+
+
+async def report(sidecar: Sidecar, *loads: BundleLoad) -> None:
+    assert sidecar.broker is not None
+    sent = LoadReport(bundles=loads)
+    sidecar.broker.report(sent)
+    await turns(lambda: sidecar.link.latest_report is sent)
+
+
+async def test_a_hot_bundle_splits_after_the_hit_count_and_others_do_not() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a", auto_ack=False, fake_broker=True)
+        b = await h.add("broker-b")
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        await a.operations.assign(COOL, a.me)
+        await a.operations.assign(ELSEWHERE, b.me)
+        await h.idle()
+        await report(
+            a,
+            BundleLoad(HOT, topics=1500),  # over the 1000-topic limit
+            BundleLoad(COOL, topics=10),
+            BundleLoad(ELSEWHERE, topics=5000),  # reported by mistake: B owns it
+        )
+        metrics = Metrics()
+        splitter = scheduler(h, a, metrics)
+        for cycle in range(1, 4):
+            plan = await splitter.run_once()
+            assert plan.decisions == ()
+            assert dict(splitter.state.hit_counts) == {HOT: cycle}
+
+        plan = await splitter.run_once()
+        await h.idle()
+
+        assert [(d.bundle, d.reason) for d in plan.decisions] == [(HOT, SplitReason.TOPICS)]
+        assert splitter.state.hit_counts == {}
+        assert a.follower.get(HOT).state is S.Deleted
+        for child in HOT_CHILDREN:
+            assert h.owner(child) == a.me
+        assert h.owner(COOL) == a.me and h.owner(ELSEWHERE) == b.me
+        record = await a.namespaces.refresh(DEFAULT_NAMESPACE)
+        assert len(record.bundles()) == 5
+        assert metrics.split_total.labels(result="Success", reason="Topics")._value.get() == 1
+        assert h.violations == []
+
+
+async def test_a_bundle_that_cools_down_loses_its_count() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        await h.idle()
+        splitter = scheduler(h, a)
+        await report(a, BundleLoad(HOT, msg_rate_in=40000, topics=3))
+        await splitter.run_once()
+        await splitter.run_once()
+        assert splitter.state.hit_counts == {HOT: 2}
+        await report(a, BundleLoad(HOT, msg_rate_in=10, topics=3))
+        await splitter.run_once()
+        assert splitter.state.hit_counts == {}
+
+
+async def test_without_a_broker_there_is_nothing_to_split() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a")  # auto-ack, no broker: no per-bundle stats
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        plan = await scheduler(h, a).run_once()
+        assert plan.decisions == () and plan.state.hit_counts == {}
+
+
+async def test_the_scheduler_runs_every_interval() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        await h.idle()
+        await report(a, BundleLoad(HOT, topics=1500))
+        async with scheduler(h, a) as splitter:
+            await settle(h.clock, lambda: splitter.state.hit_counts == {HOT: 2}, seconds=121)
+        await h.clock.run_for(SETTINGS.interval_s * 2)
+        assert splitter.state.hit_counts == {HOT: 2}  # closed: no more cycles
