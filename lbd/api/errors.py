@@ -9,12 +9,17 @@ and no Python traceback ever reaches the client.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
-from lbd.api.handlers import Call, CallWrapper, StreamCall, is_lbd_method, wrap_handler
+from lbd.api.handlers import (
+    Call,
+    CallWrapper,
+    StreamCall,
+    WrappingInterceptor,
+)
 from lbd.core.errors import (
     DeadlineError,
     InvalidInputError,
@@ -83,20 +88,8 @@ class _ErrorMapping(CallWrapper):
             await _abort_for(method, context, e)
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ErrorInterceptor(WrappingInterceptor):
     """Maps exceptions escaping lbd's servicers to status codes with their message."""
 
     def __init__(self) -> None:
-        self._wrapper = _ErrorMapping()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """The handler of the call, with its errors mapped (lbd's services only)."""
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not is_lbd_method(method):
-            return handler
-        return wrap_handler(handler, method, self._wrapper)
+        super().__init__(_ErrorMapping())

@@ -43,6 +43,26 @@ class CallWrapper(abc.ABC):
         """Around a call streaming its responses; yield them."""
 
 
+class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """An interceptor passing every call of lbd's own services through one :class:`CallWrapper`
+    (health and reflection are left alone)."""
+
+    def __init__(self, wrapper: CallWrapper) -> None:
+        self._wrapper = wrapper
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """The call's handler, wrapped when it belongs to lbd's services."""
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not is_lbd_method(method):
+            return handler
+        return wrap_handler(handler, method, self._wrapper)
+
+
 def wrap_handler(
     handler: grpc.RpcMethodHandler, method: str, wrapper: CallWrapper
 ) -> grpc.RpcMethodHandler:

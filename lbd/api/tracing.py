@@ -10,7 +10,7 @@ provider. The interceptor continues the caller's trace when the call carries a `
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -19,7 +19,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-from lbd.api.handlers import Call, CallWrapper, StreamCall, is_lbd_method, wrap_handler
+from lbd.api.handlers import (
+    Call,
+    CallWrapper,
+    StreamCall,
+    WrappingInterceptor,
+)
 
 EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
 """Standard OpenTelemetry variable; lbd honours its ``console`` value."""
@@ -111,20 +116,8 @@ def _record_status(span: trace.Span, code: grpc.StatusCode) -> None:
         span.set_status(trace.StatusCode.ERROR, code.name)
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class TracingInterceptor(WrappingInterceptor):
     """One SERVER span per call of lbd's services, with its gRPC status code."""
 
     def __init__(self, provider: trace.TracerProvider | None = None) -> None:
-        self._wrapper = _Spans(trace.get_tracer(__name__, tracer_provider=provider))
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """The call's handler, traced (lbd's services only)."""
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not is_lbd_method(method):
-            return handler
-        return wrap_handler(handler, method, self._wrapper)
+        super().__init__(_Spans(trace.get_tracer(__name__, tracer_provider=provider)))

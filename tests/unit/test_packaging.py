@@ -1,6 +1,7 @@
 """The repository's entry points: the container's command, generated code, the Makefile."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -18,18 +19,34 @@ def _dockerfile_json(instruction: str) -> list[str]:
     return list(json.loads(match.group(1)))
 
 
+def _dockerfile_env() -> dict[str, str]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV (.+)$", text, re.MULTILINE):
+        env.update(pair.split("=", 1) for pair in line.split())
+    return env
+
+
 def test_the_container_command_runs_outside_the_container() -> None:
-    """ENTRYPOINT + CMD, with the image's config path mapped to the file the image copies."""
+    """ENTRYPOINT + CMD with the image's ENV and its config mapped to the file it copies: the
+    config is valid, and without the per-deployment settings the daemon says what is missing
+    (``tests/integration/test_serve.py`` runs ``lbd serve`` for real)."""
     text = (ROOT / "Dockerfile").read_text()
-    copies = dict(
-        (dst, src) for src, dst in re.findall(r"^COPY (deploy/\S+) (\S+)$", text, re.MULTILINE)
-    )
+    copies = {dst: src for src, dst in re.findall(r"^COPY (deploy/\S+) (\S+)$", text, re.MULTILINE)}
     argv = _dockerfile_json("ENTRYPOINT") + _dockerfile_json("CMD")
-    assert argv[0] == "lbd"
+    assert argv[:2] == ["lbd", "serve"]
     argv = [str(LBD)] + [str(ROOT / copies[a]) if a in copies else a for a in argv[1:]]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "OK" in done.stdout
+    config = next(a for a in argv if a.endswith(".toml"))
+    valid = subprocess.run(
+        [str(LBD), "config", "validate", config], capture_output=True, text=True, timeout=60
+    )
+    assert valid.returncode == 0, valid.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBD_")}
+    env.update(_dockerfile_env())
+    assert env["LBD_GRPC__ADDR"].startswith("0.0.0.0:")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--broker-id" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_generated_code_is_up_to_date() -> None:
