@@ -4,8 +4,8 @@ VENV ?= .venv
 EXTRAS ?= dev
 PY := $(VENV)/bin/python
 DEV_STATE ?= .state/dev
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: setup setup-analytics java etcd run test test-unit lint proto bench clean
 
