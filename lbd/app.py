@@ -266,7 +266,7 @@ class Sidecar:
         await namespaces.ensure(DEFAULT_NAMESPACE, DEFAULT_NAMESPACE_BUNDLES)
 
         # -- ownership ---------------------------------------------------------------------------
-        proposer = Proposer(channel, follower, clock)
+        proposer = Proposer(channel, follower, clock, metrics=metrics)
         link = BrokerLink(
             me,
             auto_ack=s.broker.auto_ack,
@@ -291,6 +291,7 @@ class Sidecar:
             ),
             sidecar_grpc_addr=self._advertised_addr,
             fence=fence,
+            metrics=metrics,
         )
         await _started(stack, reactor)
         await _started(stack, fence)
@@ -307,6 +308,7 @@ class Sidecar:
             load_data_ttl_s=s.shedding.load_data_ttl_s,
             fence=fence,
             history=history,
+            metrics=metrics,
         )
         operations = Operations(
             me,
@@ -318,6 +320,7 @@ class Sidecar:
             link=link,
             split_config=s.split.to_core(),
             history=history,
+            metrics=metrics,
         )
 
         # -- load and leadership -----------------------------------------------------------------

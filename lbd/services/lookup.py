@@ -29,6 +29,7 @@ from lbd.core.names import NamespaceName, TopicName
 from lbd.core.namespace import NamespaceRecord
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
 from lbd.core.tuning import AssignmentConfig
+from lbd.metrics import FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
@@ -80,11 +81,13 @@ class LookupService:
         load_data_ttl_s: float = 1800.0,
         fence: Fence | None = None,
         history: HistoryRecorder | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """``load_store`` is the (started) broker-load store; ``settle_timeout_s`` bounds how
         long a lookup waits for its bundle to be Owned."""
         self._me = me
         self._history = history
+        self._metrics = metrics
         self._follower = follower
         self._proposer = proposer
         self._registry = registry
@@ -167,18 +170,26 @@ class LookupService:
 
     async def _settle(self, bundle: BundleId) -> None:
         """Until ``bundle`` is Owned or Deleted: assign it when Init or Free, else wait."""
-        deadline = self._clock.monotonic() + self._settle_timeout_s
+        started = self._clock.monotonic()
+        deadline = started + self._settle_timeout_s
+        proposed = False
         while True:
             value = self._follower.get(bundle)
             state = state_of(value)
             if state in (_S.Owned, _S.Deleted):
+                if proposed:
+                    self._observe_assignment(started, "Lookup", ok=True)
                 return
-            if state in (_S.Init, _S.Free) and not await self._propose_assignment(bundle, None):
-                return  # no longer in the layout: the caller reads it again
+            if state in (_S.Init, _S.Free):
+                if not await self._propose_assignment(bundle, None):
+                    return  # no longer in the layout: the caller reads it again
+                proposed = True
             if self._follower.get(bundle) is not value:
                 continue
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
+                if proposed:
+                    self._observe_assignment(started, "Lookup", ok=False)
                 raise DeadlineError(
                     f"bundle {bundle} did not settle within {self._settle_timeout_s:g}s; it is "
                     f"{state_of(self._follower.get(bundle)).value}"
@@ -198,15 +209,30 @@ class LookupService:
             await self._settle_shared(bundle)
         else:
             value = self._follower.get(bundle)
+            started = self._clock.monotonic()
             if state_of(value) in (_S.Init, _S.Free):
                 await self._propose_assignment(bundle, dst)
-            await self._proposer.settle(
-                bundle, lambda v: state_of(v) in (_S.Owned, _S.Deleted), self._settle_timeout_s
-            )
+            try:
+                await self._proposer.settle(
+                    bundle, lambda v: state_of(v) in (_S.Owned, _S.Deleted), self._settle_timeout_s
+                )
+            except DeadlineError:
+                self._observe_assignment(started, "Admin", ok=False)
+                raise
+            self._observe_assignment(started, "Admin", ok=True)
         value = self._follower.get(bundle)
         if value is None or value.state is not _S.Owned:
             raise NotFoundError(f"bundle {bundle} is {state_of(value).value}: it was split")
         return value
+
+    def _observe_assignment(self, started: float, reason: str, *, ok: bool) -> None:
+        if self._metrics is None:
+            return
+        if ok:
+            self._metrics.assign_total.labels(result=SUCCESS, reason=reason).inc()
+            self._metrics.assign_latency.observe(self._clock.monotonic() - started)
+        else:
+            self._metrics.assign_total.labels(result=FAILURE, reason="Timeout").inc()
 
     async def _propose_assignment(self, bundle: BundleId, dst: BrokerId | None) -> bool:
         """Propose ``Assigning(dst)`` (a selected broker when None); False when the bundle is

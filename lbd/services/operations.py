@@ -23,10 +23,11 @@ from lbd.core.bundles import (
     split_positions,
     topic_hash,
 )
-from lbd.core.errors import InvalidInputError, NotFoundError, PreconditionError
+from lbd.core.errors import DeadlineError, InvalidInputError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
 from lbd.core.tuning import SplitConfig
+from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
 from lbd.services.broker_link import BrokerLink
@@ -66,9 +67,11 @@ class Operations:
         split_config: SplitConfig | None = None,
         settle_timeout_s: float = 30.0,
         history: HistoryRecorder | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._me = me
         self._history = history
+        self._metrics = metrics
         self._follower = follower
         self._proposer = proposer
         self._registry = registry
@@ -112,6 +115,7 @@ class Operations:
         if dst == owner:
             raise PreconditionError(f"bundle {bundle} is already owned by {dst}")
         self._reachable(f"transfer {bundle}")
+        started = self._proposer.clock.monotonic()
         await self._first_step(bundle, _S.Releasing, dst=dst, src=owner)
         self._record("transfer", bundle, src=owner, dst=dst)
         settled = await self._proposer.settle(
@@ -119,6 +123,7 @@ class Operations:
             lambda v: state_of(v) not in (_S.Releasing, _S.Assigning),
             self._settle_timeout_s,
         )
+        self._observe_unload(started)
         _log.info("transferred %s from %s to %s", bundle, owner, dst)
         return owner, (settled.dst_broker if settled is not None and settled.dst_broker else dst)
 
@@ -126,11 +131,13 @@ class Operations:
         """Unload an Owned bundle (it becomes Free; the next lookup assigns it); its old owner."""
         value = await self._known(bundle)
         owner = self._owner(bundle, value)
+        started = self._proposer.clock.monotonic()
         await self._first_step(bundle, _S.Releasing, src=owner)
         self._record("unload", bundle, src=owner)
         await self._proposer.settle(
             bundle, lambda v: state_of(v) is not _S.Releasing, self._settle_timeout_s
         )
+        self._observe_unload(started)
         _log.info("unloaded %s from %s", bundle, owner)
         return owner
 
@@ -185,11 +192,23 @@ class Operations:
             bundle, _S.Splitting, src=self._me, split_children=dict.fromkeys(children, self._me)
         )
         self._record("split", bundle, src=self._me, reason=reason)
-        await self._proposer.settle(
-            bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
-        )
+        try:
+            await self._proposer.settle(
+                bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
+            )
+        except DeadlineError:
+            if self._metrics is not None:
+                self._metrics.split_total.labels(result=FAILURE, reason=reason).inc()
+            raise
+        if self._metrics is not None:
+            self._metrics.split_total.labels(result=SUCCESS, reason=reason).inc()
         _log.info("split %s into %s (%s)", bundle, ", ".join(children), algo)
         return SplitOutcome(bundle, children, self._me)
+
+    def _observe_unload(self, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.unload_total.labels(result=SUCCESS, reason=ADMIN_REASON).inc()
+            self._metrics.unload_latency.observe(self._proposer.clock.monotonic() - started)
 
     def _record(
         self,

@@ -28,6 +28,7 @@ from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.core.table import ApplyResult
+from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.broker_link import BrokerLink, LinkEvent, LinkEventKind
@@ -80,11 +81,13 @@ class OwnershipReactor:
         sidecar_grpc_addr: str = "",
         fence: Fence | None = None,
         retry_s: float = 1.0,
+        metrics: Metrics | None = None,
     ) -> None:
         """``self_info`` is registered with auto-ack while no broker is attached (default: the
         bare id); ``sidecar_grpc_addr`` is filled into registrations that lack it; ``retry_s`` is
         the pause before retrying a registration or a proposal that met an outage."""
         self._me = me
+        self._metrics = metrics
         self._follower = follower
         self._proposer = proposer
         self._link = link
@@ -321,8 +324,14 @@ class OwnershipReactor:
         if self._released.get(bundle) != value.version_id:
             dst = value.dst_broker
             new_owner = None if dst is None else (self._registry.get(dst) or BrokerInfo(dst))
-            if not await self._link.release(bundle, new_owner):
+            started = self._clock.monotonic()
+            acked = await self._link.release(bundle, new_owner)
+            if self._metrics is not None:
+                self._metrics.release_latency.observe(self._clock.monotonic() - started)
+            if not acked:
                 self.release_timeouts += 1
+                if self._metrics is not None:
+                    self._metrics.release_ack_timeouts.inc()
                 _log.warning("%s: release not acknowledged by %s; moving on", bundle, self._me)
             self._released[bundle] = value.version_id
         if value.dst_broker is not None:

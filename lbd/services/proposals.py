@@ -19,8 +19,10 @@ from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
+from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
 from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
 from lbd.services.follower import ChannelFollower
 
 _log = logging.getLogger(__name__)
@@ -63,8 +65,16 @@ def _describe(value: ServiceUnitStateData | None) -> str:
 class Proposer:
     """Proposes channel values for bundles at the version after the one this sidecar has."""
 
-    def __init__(self, channel: ChannelLog, follower: ChannelFollower, clock: Clock) -> None:
+    def __init__(
+        self,
+        channel: ChannelLog,
+        follower: ChannelFollower,
+        clock: Clock,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._channel = channel
+        self._metrics = metrics
         self._follower = follower
         self._clock = clock
 
@@ -72,6 +82,11 @@ class Proposer:
     def follower(self) -> ChannelFollower:
         """The follower whose table the proposals build on."""
         return self._follower
+
+    @property
+    def clock(self) -> Clock:
+        """The clock that stamps the proposals and times their settling."""
+        return self._clock
 
     def next_value(
         self,
@@ -121,8 +136,23 @@ class Proposer:
             force=force,
             leader_term=leader_term,
         )
-        position = await self._channel.publish(bundle, encode_value(value))
+        position = await self._publish(bundle, value)
         _log.debug("proposed %s for %s at %s", _describe(value), bundle, position)
+        return position
+
+    async def _publish(
+        self, bundle: BundleId, value: ServiceUnitStateData | None
+    ) -> ChannelPosition:
+        """Publish one value (None: a tombstone), counted by state and result."""
+        state = None if value is None else value.state
+        try:
+            position = await self._channel.publish(bundle, encode_value(value))
+        except UnavailableError:
+            if self._metrics is not None:
+                self._metrics.observe_published(state, ok=False)
+            raise
+        if self._metrics is not None:
+            self._metrics.observe_published(state, ok=True)
         return position
 
     async def propose_and_wait(
@@ -163,7 +193,7 @@ class Proposer:
         watcher = asyncio.ensure_future(self._follower.wait_for(bundle, ours))
         try:
             await asyncio.sleep(0)  # the watcher registers before anything is published
-            position = await self._channel.publish(bundle, encode_value(value))
+            position = await self._publish(bundle, value)
             await within(
                 self._clock,
                 timeout_s,
@@ -186,7 +216,7 @@ class Proposer:
 
     async def tombstone(self, bundle: BundleId) -> ChannelPosition:
         """Publish the empty value: the bundle's entry is deleted (always accepted)."""
-        return await self._channel.publish(bundle, encode_value(None))
+        return await self._publish(bundle, None)
 
     async def settle(
         self, bundle: BundleId, predicate: Predicate, timeout_s: float

@@ -101,7 +101,22 @@ def test_serve_answers_then_stops_cleanly(sidecar: Sidecar, etcd_server: EtcdSer
 
     with urllib.request.urlopen(f"http://{sidecar.metrics_addr}/metrics", timeout=5) as reply:
         metrics = reply.read().decode()
-    assert "lbd_assign_total" in metrics
+    assert 'lbd_assign_total{reason="Lookup",result="Success"} 1.0' in metrics
+    assert "lbd_assign_latency_seconds_count 1.0" in metrics
+    assert 'lbd_channel_publish_ops_total{result="Success",state="Assigning"} 1.0' in metrics
+    assert 'lbd_channel_publish_ops_total{result="Success",state="Owned"} 1.0' in metrics
+
+    with grpc.insecure_channel(sidecar.grpc_addr) as channel:
+        unloaded = lbd_pb2_grpc.AdminStub(channel).Unload(
+            lbd_pb2.UnloadRequest(bundle=lookup.bundle), timeout=CALL_TIMEOUT_S
+        )
+    assert unloaded.src_broker_id == BROKER
+    with urllib.request.urlopen(f"http://{sidecar.metrics_addr}/metrics", timeout=5) as reply:
+        after = reply.read().decode()
+    assert 'lbd_unload_total{reason="Admin",result="Success"} 1.0' in after
+    assert "lbd_unload_latency_seconds_count 1.0" in after
+    assert "lbd_release_latency_seconds_count 1.0" in after
+    assert 'lbd_channel_publish_ops_total{result="Success",state="Free"} 1.0' in after
     assert "lbd_owned_bundles 1.0" in metrics
 
     assert registration(etcd_server, sidecar.cluster) is not None
