@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 
-from lbd.api.handlers import Call, CallWrapper, StreamCall, wrap_handler
+from lbd.api.handlers import Call, CallWrapper, StreamCall, WrappingInterceptor
 
 _log = logging.getLogger(__name__)
 
@@ -66,27 +66,23 @@ class _Refusal(CallWrapper):
         yield  # never reached: abort raises; this makes the method an async generator
 
 
-class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AdminAuthInterceptor(WrappingInterceptor):
     """Refuses Admin calls that do not carry the admin token; lets every other call through."""
 
     def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the admin token must not be empty")
+        super().__init__()
         self._token = token
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """The call's handler, or one refusing it when it is an Admin call without the token."""
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not method.startswith(ADMIN_METHOD_PREFIX):
-            return handler
-        refusal = check_token(handler_call_details.invocation_metadata, self._token)
+    def wrapper_for(self, details: grpc.HandlerCallDetails) -> CallWrapper | None:
+        """A refusal for an Admin call without the right token; None for any other call."""
+        method: str = details.method
+        if not method.startswith(ADMIN_METHOD_PREFIX):
+            return None
+        refusal = check_token(details.invocation_metadata, self._token)
         if refusal is None:
-            return handler
+            return None
         code, message = refusal
         _log.info("refused %s: %s", method, message)
-        return wrap_handler(handler, method, _Refusal(code, message))
+        return _Refusal(code, message)

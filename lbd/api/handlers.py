@@ -44,23 +44,32 @@ class CallWrapper(abc.ABC):
 
 
 class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """An interceptor passing every call of lbd's own services through one :class:`CallWrapper`
-    (health and reflection are left alone)."""
+    """An interceptor passing the calls it picks through a :class:`CallWrapper`.
 
-    def __init__(self, wrapper: CallWrapper) -> None:
+    By default every call of lbd's own services goes through the one wrapper given (health and
+    reflection are left alone); a subclass picks per call by overriding :meth:`wrapper_for`.
+    """
+
+    def __init__(self, wrapper: CallWrapper | None = None) -> None:
         self._wrapper = wrapper
+
+    def wrapper_for(self, details: grpc.HandlerCallDetails) -> CallWrapper | None:
+        """The wrapper for this call, or None to leave it as it is."""
+        return self._wrapper if is_lbd_method(details.method) else None
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        """The call's handler, wrapped when it belongs to lbd's services."""
+        """The call's handler, wrapped when :meth:`wrapper_for` says so."""
         handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method
-        if handler is None or not is_lbd_method(method):
+        if handler is None:
             return handler
-        return wrap_handler(handler, method, self._wrapper)
+        wrapper = self.wrapper_for(handler_call_details)
+        if wrapper is None:
+            return handler
+        return wrap_handler(handler, handler_call_details.method, wrapper)
 
 
 def wrap_handler(
