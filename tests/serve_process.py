@@ -11,12 +11,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lbd.devcluster import EtcdServer, PulsarLiteServer
 from lbd.devcluster.ports import LOOPBACK, free_ports
+from lbd.devcluster.processes import health_serving
 
 STARTUP_TIMEOUT_S = 45.0
 
@@ -104,18 +103,12 @@ def serve_process(
 def wait_serving(sidecar: Sidecar) -> None:
     """Poll the health service until SERVING; fail with the sidecar's log otherwise."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    with grpc.insecure_channel(sidecar.grpc_addr) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if sidecar.process.poll() is not None:
-                pytest.fail(
-                    f"lbd serve exited with {sidecar.process.returncode}:\n{sidecar.log_text()}"
-                )
-            try:
-                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-            except grpc.RpcError:
-                reply = None
-            if reply is not None and reply.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            time.sleep(0.1)
+    while time.monotonic() < deadline:
+        if sidecar.process.poll() is not None:
+            pytest.fail(
+                f"lbd serve exited with {sidecar.process.returncode}:\n{sidecar.log_text()}"
+            )
+        if health_serving(sidecar.grpc_addr, timeout_s=1.0):
+            return
+        time.sleep(0.1)
     pytest.fail(f"lbd serve was not SERVING after {STARTUP_TIMEOUT_S}s:\n{sidecar.log_text()}")

@@ -24,6 +24,7 @@ from lbd.adapters.pulsar_client import (
 from lbd.core.errors import InvalidInputError
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
+from lbd.ports.loadstore import LatestValues
 
 _WATCH_INTERVAL_S: Final = 0.5
 """How often the receiving task checks that its reader is still connected."""
@@ -40,7 +41,7 @@ class PulsarLoadStore:
         self._connection = connection
         self._topic = topic
         self._clock = clock
-        self._values: dict[str, tuple[bytes, int]] = {}
+        self._values = LatestValues()
         self._producer: Any = None
         self._producer_lock = asyncio.Lock()
         self._receiver: asyncio.Task[None] | None = None
@@ -73,11 +74,7 @@ class PulsarLoadStore:
 
     def latest(self, now_ms: int, ttl_ms: int) -> dict[str, bytes]:
         """Latest value of every key received less than ``ttl_ms`` before ``now_ms``."""
-        return {
-            key: value
-            for key, (value, received_ms) in self._values.items()
-            if now_ms - received_ms < ttl_ms
-        }
+        return self._values.fresh(now_ms, ttl_ms)
 
     async def close(self) -> None:
         """Stop the receiving task and close the producer. Idempotent."""
@@ -169,12 +166,7 @@ class PulsarLoadStore:
             read.cancel()
 
     def _apply(self, message: Any) -> None:
-        key = message.partition_key()
-        value = message.data()
-        if not value:
-            self._values.pop(key, None)
-        else:
-            self._values[key] = (value, self._clock.now_ms())
+        self._values.receive(message.partition_key(), message.data(), self._clock.now_ms())
 
     def _check_open(self) -> None:
         if self._closed:

@@ -46,3 +46,29 @@ class LoadStore(Protocol):
     async def close(self) -> None:
         """Stop reading and publishing. Idempotent."""
         ...
+
+
+class LatestValues:
+    """What every LoadStore keeps: each key's latest value and when it was received.
+
+    An empty value is a tombstone and removes the key. One implementation for every adapter, so
+    the TTL rule of :meth:`LoadStore.latest` is the same everywhere.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[bytes, int]] = {}
+
+    def receive(self, key: str, value: bytes, received_ms: int) -> None:
+        """Keep ``value`` as the latest of ``key`` (an empty value deletes the key)."""
+        if value:
+            self._values[key] = (value, received_ms)
+        else:
+            self._values.pop(key, None)
+
+    def fresh(self, now_ms: int, ttl_ms: int) -> dict[str, bytes]:
+        """The latest value of every key received less than ``ttl_ms`` before ``now_ms``."""
+        return {
+            key: value
+            for key, (value, received_ms) in self._values.items()
+            if now_ms - received_ms < ttl_ms
+        }

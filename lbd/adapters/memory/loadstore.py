@@ -10,6 +10,7 @@ from __future__ import annotations
 from lbd.core.errors import InvalidInputError
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
+from lbd.ports.loadstore import LatestValues
 
 
 class MemoryLoadTopic:
@@ -55,7 +56,7 @@ class MemoryLoadStore:
     def __init__(self, topic: MemoryLoadTopic, clock: Clock) -> None:
         self._topic = topic
         self._clock = clock
-        self._values: dict[str, tuple[bytes, int]] = {}
+        self._values = LatestValues()
         self._closed = False
 
     async def start(self) -> None:
@@ -75,11 +76,7 @@ class MemoryLoadStore:
 
     def latest(self, now_ms: int, ttl_ms: int) -> dict[str, bytes]:
         """Latest value of every key received less than ``ttl_ms`` before ``now_ms``."""
-        return {
-            key: value
-            for key, (value, received_ms) in self._values.items()
-            if now_ms - received_ms < ttl_ms
-        }
+        return self._values.fresh(now_ms, ttl_ms)
 
     async def close(self) -> None:
         """Stop receiving and publishing. Idempotent."""
@@ -93,10 +90,7 @@ class MemoryLoadStore:
         self._topic._publish(key, value)
 
     def _receive(self, key: str, value: bytes) -> None:
-        if value:
-            self._values[key] = (value, self._clock.now_ms())
-        else:
-            self._values.pop(key, None)
+        self._values.receive(key, value, self._clock.now_ms())
 
     def _check_open(self) -> None:
         if self._closed:
