@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
@@ -209,15 +210,7 @@ class OwnershipReactor:
 
     def _register(self, info: BrokerInfo) -> None:
         if not info.sidecar_grpc_addr and self._sidecar_grpc_addr:
-            info = BrokerInfo(
-                broker_id=info.broker_id,
-                service_url=info.service_url,
-                service_url_tls=info.service_url_tls,
-                web_service_url=info.web_service_url,
-                version=info.version,
-                start_time_ms=info.start_time_ms,
-                sidecar_grpc_addr=self._sidecar_grpc_addr,
-            )
+            info = replace(info, sidecar_grpc_addr=self._sidecar_grpc_addr)
         if self._registration is not None:
             self._registration.cancel()
         self._registration = guard(self._keep_registering(info), name=f"register-{self._me}")
