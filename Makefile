@@ -11,11 +11,12 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 setup: $(STAMP) etcd ## venv + install (idempotent), etcd-server via apt when missing
 
-$(STAMP): pyproject.toml
+# One stamp per set of extras: .installed-dev, .installed-dev-analytics (dashes for commas).
+$(VENV)/.installed-%: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q -e '.[$(subst -,$(comma),$*)]'
 	touch $@
 
 # The tests and the linters cover the Spark pipeline too: they install the analytics extra and
@@ -23,13 +24,6 @@ $(STAMP): pyproject.toml
 ANALYTICS_STAMP := $(VENV)/.installed-dev-analytics
 
 setup-analytics: $(ANALYTICS_STAMP) etcd java ## setup plus the analytics extra (pyspark...)
-
-$(ANALYTICS_STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,analytics]'
-	touch $@
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java 17+: installing it with apt"; \
