@@ -20,6 +20,7 @@ from lbd.ports.errors import UnavailableError
 from lbd.services.follower import ChannelFollower
 
 pytestmark = pytest.mark.servers
+PUBLISH_ATTEMPTS = 20
 LBD = Path(sys.executable).with_name("lbd")
 S = ServiceUnitState
 
@@ -48,6 +49,22 @@ async def full_replay(url: str, topic: str) -> StateTable:
     return table
 
 
+async def publish_retrying(
+    log: PulsarChannelLog, bundle: BundleId, proposal: bytes
+) -> ChannelPosition:
+    """Publish as a sidecar would: again while the channel is unavailable (a send that timed out
+    on a busy machine, a restarting server). A failed send may still have been appended; the
+    resolver rejects the repeat (same version), so it is never applied twice."""
+    for attempt in range(PUBLISH_ATTEMPTS):
+        try:
+            return await log.publish(bundle, proposal)
+        except UnavailableError:
+            if attempt == PUBLISH_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
 async def writer(
     url: str, topic: str, name: str, bundles: list[BundleId], seed: int
 ) -> ChannelPosition:
@@ -64,7 +81,7 @@ async def writer(
                 value(S.Releasing, 3, None, name),
                 value(S.Free, 4, None, name),
             )[: rng.choice((2, 4))]:
-                last = max(last, await log.publish(bundle, proposal))
+                last = max(last, await publish_retrying(log, bundle, proposal))
     finally:
         await log.close()
         await connection.close()
@@ -81,9 +98,13 @@ async def test_three_followers_agree_under_conflicting_writers_and_match_dump_re
     try:
         for f in followers:
             await f.start()
-        lasts = await asyncio.gather(
-            *(writer(url, pulsar_topic, f"broker-{i}", bundles, seed=i) for i in range(4))
-        )
+        # A TaskGroup: a writer that fails cancels the others, and none outlives the test.
+        async with asyncio.TaskGroup() as group:
+            writers = [
+                group.create_task(writer(url, pulsar_topic, f"broker-{i}", bundles, seed=i))
+                for i in range(4)
+            ]
+        lasts = [w.result() for w in writers]
         async with asyncio.timeout(30):
             for f in followers:
                 await f.wait_applied(max(lasts))
@@ -139,14 +160,7 @@ async def test_followers_survive_a_kill_9_of_pulsar_without_loss_or_double_apply
                 server.restart()
             state, dst, src = CYCLE[(version - 1) % len(CYCLE)]
             for bundle in bundles:
-                # A publish that failed may still have been appended: the retry's copy is then
-                # rejected by the resolver (same version), never applied twice.
-                while True:
-                    try:
-                        last = await log.publish(bundle, value(state, version, dst, src))
-                        break
-                    except UnavailableError:
-                        await asyncio.sleep(0.1)
+                last = await publish_retrying(log, bundle, value(state, version, dst, src))
         async with asyncio.timeout(30):
             for f in followers:
                 await f.wait_applied(last)
