@@ -7,8 +7,8 @@ thawed, killed with SIGKILL (a crash) and restarted on the same ports and data, 
 outages the way an operator meets them.
 
 Children are put in their own session, so a Ctrl-C in the terminal reaches only the parent, which
-stops them at exit. On Linux they also get ``PR_SET_PDEATHSIG``, so even a SIGKILL of the parent
-leaves no server behind. The objects are synchronous and are meant to be driven from one thread.
+stops them at exit. On Linux they also get ``PR_SET_PDEATHSIG`` (through ``setpriv``), so even a
+SIGKILL of the parent leaves no server behind. The objects are synchronous and are meant to be driven from one thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-import ctypes
 import http.client
 import importlib.util
 import json
@@ -30,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -43,7 +42,6 @@ DEFAULT_STOP_TIMEOUT_S = 5.0
 _PROBE_INTERVAL_S = 0.05
 _PROBE_TIMEOUT_S = 0.5
 _LOG_TAIL_LINES = 30
-_PR_SET_PDEATHSIG = 1
 
 
 class ServerError(LbdError):
@@ -143,7 +141,7 @@ class ManagedServer(abc.ABC):
             raise ServerError(f"{self.name} at {self.endpoint} is closed and cannot start again")
         if self.is_running:
             return
-        command = self._command()
+        command = [*_die_with_parent_prefix(), *self._command()]
         with self.log_path.open("ab") as log:
             log.write(f"--- lbd: starting {' '.join(command)}\n".encode())
             log.flush()
@@ -156,7 +154,6 @@ class ManagedServer(abc.ABC):
                     cwd=self._workdir,
                     env=dict(self._environment()),
                     start_new_session=True,
-                    preexec_fn=_die_with_parent_hook(),
                 )
             except OSError as e:
                 raise ServerError(f"cannot run {self.name} ({self._binary}): {e}") from e
@@ -512,28 +509,21 @@ def _check_binary(path: Path) -> Path:
     return path
 
 
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux only).
+def _die_with_parent_prefix() -> list[str]:
+    """A command prefix that makes the child get SIGKILL when its parent dies (Linux only).
 
-    The kernel ties PDEATHSIG to the forking *thread*, so it is set only for children started from
-    the main thread; a child started from a worker thread would die with that thread. Other
-    children still stop at interpreter exit.
+    util-linux's ``setpriv`` sets PR_SET_PDEATHSIG and then execs the server, which keeps it (and
+    the pid). Not a ``preexec_fn``: running Python in a child forked from a process with many
+    threads (gRPC, the Pulsar client, a Spark gateway) can deadlock before the exec. The kernel
+    ties PDEATHSIG to the forking *thread*, so it is set only for children started from the main
+    thread; other children, and machines without ``setpriv``, still stop at interpreter exit.
     """
     if not sys.platform.startswith("linux"):
-        return None
+        return []
     if threading.current_thread() is not threading.main_thread():
-        return None
-    # Looked up here, in the parent: the forked child should run as little Python as possible.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent_pid = os.getpid()
-    sigkill = int(signal.SIGKILL)
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return hook
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def _varint(value: int) -> bytes:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -295,3 +298,38 @@ def test_a_missing_binary_is_named() -> None:
     missing = Path("/nonexistent/etcd")
     with pytest.raises(ServerError, match="missing or not executable: /nonexistent/etcd"):
         EtcdServer(binary=missing)
+
+
+def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """kill -9 of the process that started a server takes the server down too (PDEATHSIG)."""
+    script = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from lbd.devcluster import EtcdServer\n"
+        f"server = EtcdServer(Path({str(tmp_path / 'etcd')!r}))\n"
+        "server.start()\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as parent:
+        try:
+            assert parent.stdout is not None
+            child = int(parent.stdout.readline())
+            assert Path(f"/proc/{child}").exists()
+        finally:
+            parent.kill()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the server outlived its killed parent"
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its (new) parent to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
