@@ -8,7 +8,8 @@ outages the way an operator meets them.
 
 Children are put in their own session, so a Ctrl-C in the terminal reaches only the parent, which
 stops them at exit. On Linux they also get ``PR_SET_PDEATHSIG`` (through ``setpriv``), so even a
-SIGKILL of the parent leaves no server behind. The objects are synchronous and are meant to be driven from one thread.
+SIGKILL of the parent leaves no server behind. The objects are synchronous and are meant to be
+driven from one thread.
 """
 
 from __future__ import annotations
