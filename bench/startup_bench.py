@@ -25,8 +25,8 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.devcluster import EtcdServer, PulsarLiteServer
-from lbd.services import checkpoints
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel import checkpoints
+from lbd.services.channel.follower import ChannelFollower
 
 
 def _bundle(i: int) -> BundleId:

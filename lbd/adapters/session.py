@@ -206,8 +206,11 @@ class LeaseSession:
                 await self._replace_lease()
         except asyncio.CancelledError:
             raise
+        except SessionExpiredError as e:
+            # The policy's own end, not a crash: subscribers (the sidecar's SessionWatcher, which
+            # stops the daemon and says why) learn that the session is over.
+            self._hub.end(e)
         except Exception as e:
-            # Subscribers (the daemon's session watcher) learn that the session is over.
             self._hub.end(e)
             raise
 

@@ -1,9 +1,9 @@
 """``lbd.v1.Admin``: the operator's calls (``grpcurl``, ``lbd ctl``).
 
 Reads (brokers, leader, bundles, load) are answered from this sidecar's own view. Changes go to
-:class:`~lbd.services.operations.Operations` and the namespace service. Split must run on the
-bundle owner's sidecar and Rebalance/Snapshot on the leader's: when that is another sidecar, the
-call is forwarded there (:mod:`lbd.api.forwarding`).
+:class:`~lbd.services.sidecar.operations.Operations` and the namespace service. Split must run on
+the bundle owner's sidecar and Rebalance/Snapshot on the leader's: when that is another sidecar,
+the call is forwarded there (:mod:`lbd.api.forwarding`).
 """
 
 from __future__ import annotations
@@ -22,24 +22,22 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import SplitAlgorithm
 from lbd.core.errors import InvalidInputError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
 from lbd.core.shedding import mean_and_std, scenario_to_json
 from lbd.core.state import ServiceUnitState
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.ports.loadstore import LoadStore
 
 if TYPE_CHECKING:
-    from lbd.services.follower import ChannelFollower
-    from lbd.services.leader import LeaderElector
-    from lbd.services.lookup import LookupService
-    from lbd.services.namespaces import NamespaceService
-    from lbd.services.operations import Operations
-    from lbd.services.registry import BrokerRegistry
-    from lbd.services.shedding import UnloadScheduler
+    from lbd.services.channel.follower import ChannelFollower
+    from lbd.services.cluster.loads import LoadView
+    from lbd.services.cluster.namespaces import NamespaceService
+    from lbd.services.cluster.registry import BrokerRegistry
+    from lbd.services.leader.election import LeaderElector
+    from lbd.services.leader.shedding import UnloadScheduler
+    from lbd.services.sidecar.lookup import LookupService
+    from lbd.services.sidecar.operations import Operations
 
 _log = logging.getLogger(__name__)
 
@@ -56,10 +54,8 @@ class AdminDeps:
     lookup: LookupService
     elector: LeaderElector
     unload_scheduler: UnloadScheduler
-    broker_loads: LoadStore
-    """The broker-load topic as this sidecar reads it (every sidecar does, for assignment)."""
-    load_data_ttl_ms: int
-    clock: Clock
+    loads: LoadView
+    """The load topics as this sidecar reads them (every sidecar does, for assignment)."""
     forwarder: Forwarder
 
 
@@ -187,13 +183,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         self, request: lbd_pb2.GetLoadRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.GetLoadResponse:
         """The brokers' fresh load data as this sidecar received it, with mean and std."""
-        raw = self._d.broker_loads.latest(self._d.clock.now_ms(), self._d.load_data_ttl_ms)
-        loads: list[BrokerLoadData] = []
-        for key, value in raw.items():
-            try:
-                loads.append(BrokerLoadData.from_json(value))
-            except InvalidInputError as e:
-                _log.warning("GetLoad: skipped the unreadable load data of %s: %s", key, e)
+        loads = [data for _, data in sorted(self._d.loads.brokers().items())]
         avg, std = mean_and_std(d.weighted_max_ema for d in loads)
         return convert.load_response(loads, avg, std)
 

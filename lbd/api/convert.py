@@ -30,7 +30,7 @@ from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.gen.v1 import lbd_pb2
 
 if TYPE_CHECKING:
-    from lbd.services.lookup import LookupResult
+    from lbd.services.sidecar.lookup import LookupResult
 
 _STATES: Mapping[ServiceUnitState, lbd_pb2.BundleState] = {
     ServiceUnitState.Init: lbd_pb2.BUNDLE_STATE_INIT,

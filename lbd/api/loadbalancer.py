@@ -6,23 +6,21 @@ are raised as lbd errors and mapped to status codes by :mod:`lbd.api.errors`.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from lbd.api import convert
 from lbd.core.names import NamespaceName
-from lbd.core.table import ApplyResult
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.tasks import cancel_and_wait, guard
 
 if TYPE_CHECKING:
-    from lbd.services.broker_link import BrokerLink
-    from lbd.services.follower import ChannelFollower
-    from lbd.services.lookup import LookupService
+    from lbd.services.channel.follower import ChannelFollower
+    from lbd.services.sidecar.broker_link import BrokerLink
+    from lbd.services.sidecar.lookup import LookupService
 
 _log = logging.getLogger(__name__)
 
@@ -50,20 +48,16 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
         """Every matching bundle's current value, then each accepted change, in channel order."""
         namespace = NamespaceName.parse(request.namespace) if request.namespace else None
         prefix = f"{namespace}/" if namespace is not None else ""
-        async with _ChangeFeed(self._follower) as feed:
-            # Taken after the feed subscribed: a change is in the snapshot, in the feed, or in
-            # both (then its position is not after the snapshot's and it is dropped below).
-            table = self._follower.table
-            covered = table.last_position
+        # Subscribed, then the snapshot taken, with no await between: every change is either
+        # in the snapshot or in the feed, never in both.
+        changes = self._follower.changes()
+        async with contextlib.aclosing(changes):
             snapshot = sorted(
-                ((b, v) for b, v in table.items() if b.startswith(prefix)), key=lambda bv: bv[0]
+                (b, v) for b, v in self._follower.table.items() if b.startswith(prefix)
             )
             for bundle, value in snapshot:
                 yield convert.ownership_change(bundle, value)
-            while True:
-                change = await feed.next()
-                if covered is not None and change.position <= covered:
-                    continue
+            async for change in changes:
                 if change.key.startswith(prefix):
                     yield convert.ownership_change(change.key, change.new)
 
@@ -81,35 +75,3 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
                 yield convert.sidecar_message_to_proto(command)
         finally:
             _log.info("broker session from %s ended", peer)
-
-
-class _ChangeFeed:
-    """The follower's change feed, subscribed as soon as the ``async with`` is entered.
-
-    :meth:`ChannelFollower.changes` subscribes only when first iterated; a pump task does that at
-    once, so the caller can take a snapshot knowing no later change is missed.
-    """
-
-    def __init__(self, follower: ChannelFollower) -> None:
-        self._follower = follower
-        self._queue: asyncio.Queue[ApplyResult] = asyncio.Queue()
-        self._pump: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> _ChangeFeed:
-        self._pump = guard(self._run(), name="watch-ownership-feed")
-        # One loop turn lets the pump reach its first wait, subscribed (its step was scheduled
-        # before ours resumes).
-        await asyncio.sleep(0)
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await cancel_and_wait(self._pump)
-
-    async def _run(self) -> None:
-        # Cancelling the pump ends the feed's generator too, which unsubscribes it.
-        async for change in self._follower.changes():
-            self._queue.put_nowait(change)
-
-    async def next(self) -> ApplyResult:
-        """The next accepted change."""
-        return await self._queue.get()

@@ -15,14 +15,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import TracerProvider
 
-from lbd.api.admin import AdminServicer
+from lbd.api.admin import AdminDeps, AdminServicer
 from lbd.api.auth import AdminAuthInterceptor
 from lbd.api.errors import ErrorInterceptor
+from lbd.api.forwarding import Forwarder
 from lbd.api.loadbalancer import LoadBalancerServicer
 from lbd.api.tracing import TracingInterceptor
 from lbd.core.errors import InvalidInputError
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.services.fencing import Fence
+from lbd.services.graph import Sidecar
+from lbd.services.sidecar.fencing import Fence
 
 _log = logging.getLogger(__name__)
 
@@ -30,6 +32,39 @@ SERVICE_NAMES = tuple(
     lbd_pb2.DESCRIPTOR.services_by_name[name].full_name for name in ("LoadBalancer", "Admin")
 )
 """Fully qualified names of lbd's services (``lbd.v1.LoadBalancer``, ``lbd.v1.Admin``)."""
+
+
+def sidecar_api(
+    sidecar: Sidecar,
+    addr: str,
+    forwarder: Forwarder,
+    *,
+    admin_token: str | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> ApiServer:
+    """The gRPC server of ``sidecar`` on ``addr`` (not started): its services wired to it."""
+    return ApiServer(
+        addr,
+        loadbalancer=LoadBalancerServicer(
+            lookup=sidecar.lookup, follower=sidecar.follower, link=sidecar.link
+        ),
+        admin=AdminServicer(
+            AdminDeps(
+                me=sidecar.me,
+                registry=sidecar.registry,
+                namespaces=sidecar.namespaces,
+                follower=sidecar.follower,
+                operations=sidecar.operations,
+                lookup=sidecar.lookup,
+                elector=sidecar.elector,
+                unload_scheduler=sidecar.unload_scheduler,
+                loads=sidecar.loads,
+                forwarder=forwarder,
+            )
+        ),
+        admin_token=admin_token,
+        tracer_provider=tracer_provider,
+    )
 
 
 class ApiServer:

@@ -107,6 +107,43 @@ def _release_ack_vs_inflight(s: Settings) -> str | None:
     )
 
 
+def _own_ack_vs_inflight(s: Settings) -> str | None:
+    ack, inflight = s.broker.own_ack_timeout_s, s.monitor.inflight_timeout_s
+    if ack < inflight:
+        return None
+    return (
+        f"must be < monitor.inflight_timeout_s = {_n(inflight)} (got {_n(ack)}): the sidecar "
+        "must hear from its broker before the leader declares the assignment stuck"
+    )
+
+
+def _settle_vs_own_ack(s: Settings) -> str | None:
+    settle, ack = s.assignment.settle_timeout_s, s.broker.own_ack_timeout_s
+    if settle > ack:
+        return None
+    return (
+        f"must be > broker.own_ack_timeout_s = {_n(ack)} (got {_n(settle)}): a lookup must "
+        "outlast one slow acknowledgement of Own"
+    )
+
+
+def _fence_check_vs_keepalive(s: Settings) -> str | None:
+    check, k = s.etcd.fence_check_interval_s, s.etcd.keepalive_interval_s
+    if check <= k:
+        return None
+    return (
+        f"must be <= etcd.keepalive_interval_s = {_n(k)} (got {_n(check)}): the fencing rule "
+        "allows one keepalive interval for noticing the missed deadline"
+    )
+
+
+def _retry_vs_ttl(s: Settings) -> str | None:
+    retry, ttl = s.etcd.retry_s, s.etcd.lease_ttl_s
+    if retry < ttl:
+        return None
+    return f"must be < etcd.lease_ttl_s = {ttl} (got {_n(retry)}): a retry must come within a lease"
+
+
 def _tombstone_vs_inflight(s: Settings) -> str | None:
     tomb, inflight = s.monitor.tombstone_after_s, s.monitor.inflight_timeout_s
     if tomb > inflight:
@@ -166,6 +203,12 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         ("broker.release_ack_timeout_s", "monitor.inflight_timeout_s"), _release_ack_vs_inflight
     ),
+    Invariant(("broker.own_ack_timeout_s", "monitor.inflight_timeout_s"), _own_ack_vs_inflight),
+    Invariant(("assignment.settle_timeout_s", "broker.own_ack_timeout_s"), _settle_vs_own_ack),
+    Invariant(
+        ("etcd.fence_check_interval_s", "etcd.keepalive_interval_s"), _fence_check_vs_keepalive
+    ),
+    Invariant(("etcd.retry_s", "etcd.lease_ttl_s"), _retry_vs_ttl),
     Invariant(("monitor.tombstone_after_s", "monitor.inflight_timeout_s"), _tombstone_vs_inflight),
     Invariant(("shedding.load_data_ttl_s", "load_report.interval_s"), _load_ttl_vs_report),
     Invariant(

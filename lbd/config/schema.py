@@ -29,7 +29,14 @@ from pydantic import (
 from lbd.config.invariants import check_invariants
 from lbd.core.errors import InvalidInputError
 from lbd.core.names import TopicName
-from lbd.core.tuning import AssignmentConfig, SheddingConfig, SplitConfig
+from lbd.core.tuning import (
+    AssignmentConfig,
+    MonitorConfig,
+    SheddingConfig,
+    SidecarConfig,
+    SidecarTimings,
+    SplitConfig,
+)
 
 _SHEDDING = SheddingConfig()
 _SPLIT = SplitConfig()
@@ -213,6 +220,14 @@ class EtcdSettings(Section):
     successful renewal (a revoked lease), so the sidecar must have fenced by then: it notices
     the missed deadline up to one keepalive interval late, and the margin pays for closing the
     bundles on the broker and for clock-rate differences between hosts."""
+    fence_check_interval_s: Seconds = 1.0
+    """How often the fence compares the time since the last lease renewal with fence_after_s.
+    At most keepalive_interval_s, so that the fencing rule's allowance of one keepalive interval
+    for noticing the missed deadline also covers this check."""
+    retry_s: Seconds = 1.0
+    """Pause before a sidecar retries what met an etcd or channel outage (a registration, a
+    proposal of its reconciliation, a campaign). Below lease_ttl_s, so a retry comes within one
+    lease lifetime."""
 
 
 class PulsarSettings(Section):
@@ -246,6 +261,10 @@ class BrokerSettings(Section):
     auto_ack: bool = False
     """Acknowledge Own/Release/Close on the broker's behalf when no broker is attached. Only for
     demos and benchmarks: with it, ownership no longer proves that a broker serves the bundle."""
+    own_ack_timeout_s: Seconds = 10.0
+    """How long an Assigning bundle waits for the broker's acknowledgement of Own before the
+    sidecar leaves it Assigning and tries again later. Below monitor.inflight_timeout_s, so the
+    sidecar gets an answer before the leader treats the assignment as stuck."""
     release_ack_timeout_s: Seconds = 10.0
     """How long a Releasing bundle waits for the broker's acknowledgement before moving on
     anyway (counted in a metric). Below monitor.inflight_timeout_s, so the sidecar settles its
@@ -365,6 +384,10 @@ class AssignmentSettings(Section):
     required_broker_version: OptStr = _ASSIGNMENT.required_broker_version
     """When set, only brokers reporting this version take new bundles (rolling upgrades).
     Empty: any version."""
+    settle_timeout_s: Seconds = 30.0
+    """How long a lookup or an admin operation (Assign, Transfer, Unload, Split) waits for its
+    bundle to settle before answering DEADLINE_EXCEEDED. Above broker.own_ack_timeout_s, so one
+    slow acknowledgement does not fail the call."""
 
     def to_core(self) -> AssignmentConfig:
         """The core's assignment knobs."""
@@ -388,6 +411,10 @@ class MonitorSettings(Section):
     """A broker whose registration vanished has its bundles reassigned only after staying away
     this long; re-registering cancels the cleanup. Must leave room for self-fencing (see
     etcd.fence_margin_s)."""
+
+    def to_core(self) -> MonitorConfig:
+        """The monitor's knobs."""
+        return MonitorConfig(**_core_kwargs(self, MonitorConfig))
 
 
 class CheckpointSettings(Section):
@@ -461,6 +488,30 @@ class Settings(BaseModel):
         if problems:
             raise ValueError("; ".join(f"{p.key}: {p.message}" for p in problems))
         return self
+
+    def sidecar_config(self) -> SidecarConfig:
+        """The plain configuration of a sidecar's services (they never see these settings)."""
+        return SidecarConfig(
+            auto_ack=self.broker.auto_ack,
+            timings=SidecarTimings(
+                own_ack_timeout_s=self.broker.own_ack_timeout_s,
+                release_ack_timeout_s=self.broker.release_ack_timeout_s,
+                settle_timeout_s=self.assignment.settle_timeout_s,
+                fence_after_s=self.etcd.fence_after_s,
+                fence_check_interval_s=self.etcd.fence_check_interval_s,
+                retry_s=self.etcd.retry_s,
+            ),
+            assignment=self.assignment.to_core(),
+            shedding=self.shedding.to_core(),
+            shedding_strategy=self.shedding.strategy,
+            shedding_interval_s=self.shedding.interval_s,
+            split=self.split.to_core(),
+            split_interval_s=self.split.interval_s,
+            monitor=self.monitor.to_core(),
+            checkpoint_interval_s=self.checkpoint.interval_s,
+            load_report_interval_s=self.load_report.interval_s,
+            top_bundles_per_report=self.load_report.top_bundles,
+        )
 
 
 def section_models() -> dict[str, type[Section]]:

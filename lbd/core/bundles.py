@@ -12,7 +12,7 @@ import bisect
 import itertools
 import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -378,3 +378,19 @@ def _flow_or_qps_points(
             f"flow_or_qps_equally_divide: no split point inside bundle range {bundle}"
         )
     return points
+
+
+def split_points(parent: BundleId, children: Mapping[BundleId, object]) -> list[int]:
+    """The points at which ``children`` cut ``parent``; InvalidInputError unless they tile it
+    (at least two children, all of the parent's namespace, together exactly its range)."""
+    whole = parse_bundle_id(parent)
+    parts = sorted(parse_bundle_id(child) for child in children)
+    if len(parts) < 2:
+        raise InvalidInputError(f"split of {parent}: needs at least 2 children, got {len(parts)}")
+    if any(p.namespace != whole.namespace for p in parts):
+        raise InvalidInputError(f"split of {parent}: children of another namespace")
+    edges = [(p.range.lo, p.range.hi) for p in parts]
+    tiles = all(a[1] == b[0] for a, b in itertools.pairwise(edges))
+    if edges[0][0] != whole.range.lo or edges[-1][1] != whole.range.hi or not tiles:
+        raise InvalidInputError(f"split of {parent}: children {sorted(children)} do not tile it")
+    return [lo for lo, _ in edges[1:]]

@@ -165,6 +165,25 @@ FIELDS: Final = (
 """The fields of a channel value, in wire order."""
 
 
+def owner_of(data: ServiceUnitStateData | None) -> BrokerId | None:
+    """The broker that owns the bundle now: ``dst`` of an Owned value, else None."""
+    if data is not None and data.state is _S.Owned:
+        return data.dst_broker
+    return None
+
+
+def holder(data: ServiceUnitStateData | None) -> BrokerId | None:
+    """The broker a bundle depends on: its owner, or where an in-flight bundle is going (the
+    source of a Splitting or of a plain unload). None for Init, Free and Deleted.
+
+    This is who must be alive for the bundle to make progress: the leader's monitor treats a
+    bundle whose holder left the registry as an orphan.
+    """
+    if data is not None and (data.state is _S.Owned or data.state.is_in_flight):
+        return data.dst_broker or data.source_broker
+    return None
+
+
 def to_json_object(data: ServiceUnitStateData) -> dict[str, object]:
     """``data`` as the JSON object of the channel: every field present, absent ones None."""
     children = None if data.split_children is None else dict(data.split_children)

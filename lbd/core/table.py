@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from lbd.core.errors import InvalidInputError
-from lbd.core.ids import BundleId
+from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
     Rule,
     ServiceUnitStateData,
     decode_value,
     from_json_object,
+    holder,
+    owner_of,
     resolve,
     to_json_object,
 )
@@ -134,6 +136,23 @@ class StateTable:
 
     def __contains__(self, bundle: object) -> bool:
         return bundle in self._values
+
+    def owners(self) -> dict[BundleId, BrokerId]:
+        """The owner of every Owned bundle (see :func:`~lbd.core.state.owner_of`)."""
+        return {
+            bundle: owner
+            for bundle, value in self._values.items()
+            if (owner := owner_of(value)) is not None
+        }
+
+    def holders(self) -> dict[BundleId, BrokerId]:
+        """The broker each bundle depends on (see :func:`~lbd.core.state.holder`): its owner, or
+        where an in-flight bundle is going."""
+        return {
+            bundle: broker
+            for bundle, value in self._values.items()
+            if (broker := holder(value)) is not None
+        }
 
     def apply(self, position: ChannelPosition, key: BundleId, value: bytes) -> ApplyResult:
         """Apply the message at ``position`` for bundle ``key`` with raw ``value``.

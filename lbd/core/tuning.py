@@ -6,7 +6,7 @@ scenario files build :class:`SheddingConfig` from their ``config`` object. Defau
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from lbd.core.errors import InvalidInputError
 
@@ -120,3 +120,73 @@ class AssignmentConfig:
             )
         if self.load_margin < 0:
             raise InvalidInputError(f"load_margin must be >= 0, got {self.load_margin}")
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    """Knobs of the leader's ownership monitor (the ``[monitor]`` settings, DESIGN §8)."""
+
+    interval_s: float = 60.0
+    """Seconds between two sweeps of the table."""
+    inflight_timeout_s: float = 30.0
+    """An in-flight state older than this is stuck and gets fixed."""
+    tombstone_after_s: float = 3600.0
+    """Free and Deleted values older than this are tombstoned."""
+    orphan_cleanup_grace_s: float = 60.0
+    """A broker away this long has its bundles reassigned."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarTimings:
+    """How long a sidecar waits for each thing, in seconds. Each is a setting; the settings layer
+    checks the invariants that tie them together (:mod:`lbd.config.invariants`)."""
+
+    own_ack_timeout_s: float = 10.0
+    """The broker's acknowledgement of Own (``broker.own_ack_timeout_s``)."""
+    release_ack_timeout_s: float = 10.0
+    """The broker's acknowledgement of Release (``broker.release_ack_timeout_s``)."""
+    settle_timeout_s: float = 30.0
+    """A lookup or an operation waiting for its bundle to settle
+    (``assignment.settle_timeout_s``)."""
+    fence_after_s: float = 30.0
+    """Unrenewed lease time after which the sidecar fences itself (``etcd.fence_after_s``)."""
+    fence_check_interval_s: float = 1.0
+    """How often the fence looks at the lease (``etcd.fence_check_interval_s``)."""
+    retry_s: float = 1.0
+    """Pause before retrying a write that met an outage (``etcd.retry_s``)."""
+
+    def __post_init__(self) -> None:
+        bad = [
+            f"{f.name} must be > 0, got {getattr(self, f.name)}"
+            for f in fields(self)
+            if not getattr(self, f.name) > 0
+        ]
+        if bad:
+            raise InvalidInputError("invalid sidecar timings: " + "; ".join(bad))
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    """Everything one sidecar's services are configured with, as plain values.
+
+    Built from the settings by :meth:`lbd.config.Settings.sidecar_config`; tests and the
+    simulator build it directly. The wiring (:func:`lbd.services.graph.build_sidecar`) hands each
+    service only its part.
+    """
+
+    auto_ack: bool = False
+    """Acknowledge broker commands when no broker is attached (demos, benchmarks)."""
+    default_namespace_bundles: int = 4
+    """Bundles of a namespace created without a count, and of ``public/default``."""
+    timings: SidecarTimings = field(default_factory=SidecarTimings)
+    assignment: AssignmentConfig = field(default_factory=AssignmentConfig)
+    shedding: SheddingConfig = field(default_factory=SheddingConfig)
+    shedding_strategy: str = "transfer_shedder"
+    """A key of :data:`lbd.core.shedding.STRATEGIES`."""
+    shedding_interval_s: float = 60.0
+    split: SplitConfig = field(default_factory=SplitConfig)
+    split_interval_s: float = 60.0
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    checkpoint_interval_s: float = 300.0
+    load_report_interval_s: float = 10.0
+    top_bundles_per_report: int = 10

@@ -45,3 +45,31 @@ class HistoryRecorder(Protocol):
     ) -> None:
         """A shedding cycle's decisions with the load statistics they were made on."""
         ...
+
+
+class NoHistory:
+    """The recorder of a sidecar without ``[history] enabled``: records nothing."""
+
+    def record_broker_load(self, data: BrokerLoadData, *, ts_ms: int | None = None) -> None:
+        """Nothing to record."""
+
+    def record_bundle_loads(
+        self, broker: BrokerId, bundles: Iterable[BundleLoad], *, ts_ms: int | None = None
+    ) -> None:
+        """Nothing to record."""
+
+    def record_decision(
+        self,
+        kind: str,
+        bundle: BundleId,
+        *,
+        reason: str,
+        src: BrokerId | None = None,
+        dst: BrokerId | None = None,
+    ) -> None:
+        """Nothing to record."""
+
+    def record_shedding(
+        self, result: SheddingResult, snapshot: LoadSnapshot, *, strategy: str
+    ) -> None:
+        """Nothing to record."""

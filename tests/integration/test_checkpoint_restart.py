@@ -13,8 +13,8 @@ from lbd.core.ids import BundleId
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import StateTable
 from lbd.devcluster.servers import EtcdServer, PulsarLiteServer
-from lbd.services import checkpoints
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel import checkpoints
+from lbd.services.channel.follower import ChannelFollower
 
 pytestmark = pytest.mark.servers
 S = ServiceUnitState

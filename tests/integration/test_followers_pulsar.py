@@ -17,7 +17,7 @@ from lbd.core.state import ServiceUnitState, to_json_object
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.devcluster.servers import PulsarLiteServer
 from lbd.ports.errors import UnavailableError
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel.follower import ChannelFollower
 
 pytestmark = pytest.mark.servers
 PUBLISH_ATTEMPTS = 20

@@ -249,6 +249,19 @@ INVARIANT_CASES = [
         "broker.release_ack_timeout_s: must be < monitor.inflight_timeout_s = 30 (got 30)",
     ),
     (
+        "[broker]\nown_ack_timeout_s = 30\n[assignment]\nsettle_timeout_s = 31",
+        "broker.own_ack_timeout_s: must be < monitor.inflight_timeout_s = 30 (got 30)",
+    ),
+    (
+        "[assignment]\nsettle_timeout_s = 10",
+        "assignment.settle_timeout_s: must be > broker.own_ack_timeout_s = 10 (got 10)",
+    ),
+    (
+        "[etcd]\nfence_check_interval_s = 4.5",
+        "etcd.fence_check_interval_s: must be <= etcd.keepalive_interval_s = 4 (got 4.5)",
+    ),
+    ("[etcd]\nretry_s = 15", "etcd.retry_s: must be < etcd.lease_ttl_s = 15 (got 15)"),
+    (
         "[monitor]\ninflight_timeout_s = 40\ntombstone_after_s = 40",
         "monitor.tombstone_after_s: must be > monitor.inflight_timeout_s = 40 (got 40)",
     ),

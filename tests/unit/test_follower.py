@@ -11,8 +11,8 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import ChannelPosition, Outcome, StateTable
 from lbd.ports.checkpoint import StoredCheckpoint
-from lbd.services import checkpoints
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel import checkpoints
+from lbd.services.channel.follower import ChannelFollower
 
 B1 = BundleId("public/default/0x00000000_0x40000000")
 B2 = BundleId("public/default/0x40000000_0x80000000")
@@ -83,14 +83,14 @@ async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
     async with ChannelFollower(MemoryChannelLog(log)) as follower:
         async with asyncio.timeout(2):
             await follower.wait_ready()
+        # Subscribed by the call itself: changes applied before the first iteration count.
         feed = follower.changes()
-        first = asyncio.ensure_future(anext(feed))
-        await asyncio.sleep(0)
         await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
         await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=B))  # rejected: stale
         await writer.publish(B1, value(ServiceUnitState.Owned, 2, dst=A))
+        await follower.wait_applied(log.messages[-1].position)
         async with asyncio.timeout(2):
-            got = [await first, await anext(feed)]
+            got = [await anext(feed), await anext(feed)]
         await feed.aclose()
         assert [r.outcome for r in got] == [Outcome.ACCEPTED, Outcome.ACCEPTED]
         assert [r.new.state for r in got] == [ServiceUnitState.Assigning, ServiceUnitState.Owned]

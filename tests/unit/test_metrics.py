@@ -9,7 +9,7 @@ from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceUsage, ResourceWe
 from lbd.core.shedding import DecisionReason, SheddingResult, SkipReason, UnloadDecision
 from lbd.core.state import ServiceUnitState
 from lbd.metrics import Metrics
-from lbd.services.follower import FollowerStats
+from lbd.services.channel.follower import FollowerStats
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

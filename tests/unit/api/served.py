@@ -1,9 +1,9 @@
 """In-process gRPC servers over the service harness: real grpc.aio servers on 127.0.0.1:0.
 
-:func:`serve_api` puts an :class:`ApiServer` in front of one harness sidecar (plus the leader
-elector and unload scheduler the Admin service needs) and returns stubs connected to it. The
-sidecar's registration is rewritten with the server's real address, so forwarding between
-sidecars of one harness goes over real gRPC.
+:func:`serve_api` puts the API server ``lbd serve`` builds (:func:`lbd.api.server.sidecar_api`) in
+front of one harness sidecar and returns stubs connected to it. The sidecar's registration is
+rewritten with the server's real address, so forwarding between sidecars of one harness goes over
+real gRPC.
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
-from lbd.adapters.memory.loadstore import MemoryLoadStore
-from lbd.api.admin import AdminDeps, AdminServicer
 from lbd.api.forwarding import Forwarder
-from lbd.api.loadbalancer import LoadBalancerServicer
-from lbd.api.server import ApiServer
-from lbd.config import SheddingSettings
+from lbd.api.server import ApiServer, sidecar_api
 from lbd.gen.v1 import lbd_pb2_grpc
-from lbd.services.leader import LeaderElector
-from lbd.services.shedding import UnloadScheduler
+from lbd.services.leader.election import LeaderElector
 from tests.unit.services.harness import Harness, Sidecar
 
 WAIT_S = 5.0
@@ -59,39 +54,11 @@ async def serve_api(
     tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Api]:
     """``sidecar`` behind an ApiServer (SERVING), with stubs; all stopped on exit."""
-    top_bundles = MemoryLoadStore(harness.top_bundles, harness.clock)
-    await top_bundles.start()
-    scheduler = UnloadScheduler(
-        sidecar.proposer,
-        sidecar.follower,
-        sidecar.registry,
-        sidecar.load_store,
-        top_bundles,
-        harness.clock,
-        SheddingSettings(),
-    )
-    elector = LeaderElector(sidecar.me, sidecar.metadata, sidecar.follower, harness.clock)
     forwarder = Forwarder(sidecar.me)
-    deps = AdminDeps(
-        me=sidecar.me,
-        registry=sidecar.registry,
-        namespaces=sidecar.namespaces,
-        follower=sidecar.follower,
-        operations=sidecar.operations,
-        lookup=sidecar.lookup,
-        elector=elector,
-        unload_scheduler=scheduler,
-        broker_loads=sidecar.load_store,
-        load_data_ttl_ms=1_800_000,
-        clock=harness.clock,
-        forwarder=forwarder,
-    )
-    server = ApiServer(
+    server = sidecar_api(
+        sidecar.services,
         "127.0.0.1:0",
-        loadbalancer=LoadBalancerServicer(
-            lookup=sidecar.lookup, follower=sidecar.follower, link=sidecar.link
-        ),
-        admin=AdminServicer(deps),
+        forwarder,
         admin_token=admin_token,
         tracer_provider=tracer_provider,
     )
@@ -101,13 +68,12 @@ async def serve_api(
     if info is not None:
         real = dataclasses.replace(info, sidecar_grpc_addr=f"127.0.0.1:{server.port}")
         await sidecar.registry.register(real)
-    await elector.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     try:
         yield Api(
             sidecar,
             server,
-            elector,
+            sidecar.elector,
             channel,
             lbd_pb2_grpc.LoadBalancerStub(channel),
             lbd_pb2_grpc.AdminStub(channel),
@@ -116,8 +82,6 @@ async def serve_api(
         await channel.close()
         await server.stop(0)
         await forwarder.close()
-        await elector.close()
-        await top_bundles.close()
 
 
 async def until(condition: Callable[[], bool]) -> None:

@@ -2,10 +2,10 @@
 
 A :class:`Harness` is one simulated cluster: a shared :class:`MemoryMetadataCluster` ("etcd"), a
 shared :class:`MemoryLog` (the state channel), shared :class:`MemoryLoadTopic` s (broker load and
-top bundles) and one :class:`ManualClock`. :meth:`Harness.add` builds a whole sidecar on it (its
-own metadata session, registry, namespaces, follower, proposer, broker link, fence, reactor,
-lookup and operations), with either ``auto_ack`` or a :class:`FakeBroker` driving the real
-``BrokerLink.session``. Fake brokers write every command they get into one shared, ordered
+top bundles), a shared checkpoint store and one :class:`ManualClock`. :meth:`Harness.add` builds a
+whole sidecar on it with :func:`lbd.services.graph.build_sidecar`, the wiring ``lbd serve`` uses
+(every service, leader duties included), with either ``auto_ack`` or a :class:`FakeBroker` driving
+the real ``BrokerLink.session``. Fake brokers write every command they get into one shared, ordered
 :attr:`Harness.events` list, and record a violation whenever a broker is told to own a bundle whose
 hash range another broker serves at that instant (the invariant of DESIGN §8).
 
@@ -20,19 +20,23 @@ Typical use::
         assert h.violations == []
 
 Time moves only when a test moves it (``h.clock.advance`` / ``await h.clock.run_for(s)``):
-lease keepalives, fence checks, ack timeouts and settle deadlines all run on that clock.
+lease keepalives, fence checks, ack timeouts, settle deadlines and every scheduler run on that
+clock. The schedulers' intervals are the defaults (load reports every 10 s, the leader's duties
+every 60 s or more) unless a test passes its own :class:`SidecarConfig`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
@@ -51,19 +55,13 @@ from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceWeights
 from lbd.core.names import NamespaceName
-from lbd.core.state import ServiceUnitState
-from lbd.core.tuning import AssignmentConfig, SplitConfig
-from lbd.services.broker_link import BrokerLink, LinkEventKind
-from lbd.services.fencing import Fence
-from lbd.services.follower import ChannelFollower
-from lbd.services.lookup import LookupService
-from lbd.services.namespaces import NamespaceService
-from lbd.services.operations import Operations
-from lbd.services.ownership import OwnershipReactor
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.core.state import owner_of
+from lbd.core.tuning import AssignmentConfig, SidecarConfig, SidecarTimings, SplitConfig
+from lbd.services import graph
+from lbd.services.graph import SidecarPorts, build_sidecar
+from lbd.services.sidecar.broker_link import BrokerLink, LinkEventKind
 
-DEFAULT_NAMESPACE = NamespaceName("public", "default")
+DEFAULT_NAMESPACE: NamespaceName = graph.DEFAULT_NAMESPACE
 
 WAIT_S = 5.0
 """Real-time bound of the harness's own waits: in-process work settles in milliseconds."""
@@ -90,6 +88,25 @@ class Timing:
     fence_after_s: float = 8.0
     fence_check_interval_s: float = 1.0
     retry_s: float = 1.0
+
+    def timings(self) -> SidecarTimings:
+        """The sidecar's timings (Own and Release share ``ack_timeout_s``)."""
+        return SidecarTimings(
+            own_ack_timeout_s=self.ack_timeout_s,
+            release_ack_timeout_s=self.ack_timeout_s,
+            settle_timeout_s=self.settle_timeout_s,
+            fence_after_s=self.fence_after_s,
+            fence_check_interval_s=self.fence_check_interval_s,
+            retry_s=self.retry_s,
+        )
+
+
+class IdleHost:
+    """A host that is never busy: what the load reporter measures while no broker reports, so
+    that no test depends on the machine it runs on."""
+
+    def sample(self, now_s: float) -> BrokerUsage:
+        return BrokerUsage()
 
 
 class FakeBroker:
@@ -184,35 +201,47 @@ class FakeBroker:
             self._outgoing.put_nowait(CommandAck(message.command_id, ok=answer))
 
 
-@dataclass(eq=False)
 class Sidecar:
-    """One sidecar's services, built and started by :meth:`Harness.add`."""
+    """One sidecar of a harness: the services :func:`build_sidecar` wired (reached as attributes:
+    ``a.lookup``, ``a.registry``...), its fake broker, and whether it was closed."""
 
-    me: BrokerId
-    info: BrokerInfo
-    metadata: MemoryMetadataStore
-    channel: MemoryChannelLog
-    follower: ChannelFollower
-    proposer: Proposer
-    registry: BrokerRegistry
-    namespaces: NamespaceService
-    link: BrokerLink
-    fence: Fence
-    reactor: OwnershipReactor
-    load_store: MemoryLoadStore
-    lookup: LookupService
-    operations: Operations
-    broker: FakeBroker | None = None
-    closed: bool = field(default=False)
+    def __init__(self, services: graph.Sidecar, broker: FakeBroker | None = None) -> None:
+        self.services = services
+        self.broker = broker
+        self.closed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.services, name)
+
+    @property
+    def metadata(self) -> MemoryMetadataStore:
+        """This sidecar's metadata session."""
+        store = self.services.ports.metadata
+        assert isinstance(store, MemoryMetadataStore)
+        return store
+
+    @property
+    def channel(self) -> MemoryChannelLog:
+        """This sidecar's channel client."""
+        channel = self.services.ports.channel
+        assert isinstance(channel, MemoryChannelLog)
+        return channel
+
+    @property
+    def load_store(self) -> MemoryLoadStore:
+        """This sidecar's reader of the broker-load topic."""
+        store = self.services.ports.broker_loads
+        assert isinstance(store, MemoryLoadStore)
+        return store
 
     def served(self) -> frozenset[BundleId]:
         """What the link believes its broker serves."""
-        return self.link.served()
+        return self.services.link.served()
 
     async def publish_load(self, usage: BrokerUsage, now_ms: int) -> None:
         """Publish this broker's load on the broker-load topic (as the load reporter would)."""
-        data = BrokerLoadData(self.me).update(usage, ResourceWeights(), now_ms)
-        await self.load_store.publish(self.me, data.to_json())
+        data = BrokerLoadData(self.services.me).update(usage, ResourceWeights(), now_ms)
+        await self.load_store.publish(self.services.me, data.to_json())
 
     async def close(self) -> None:
         """Stop everything of this sidecar (its broker disconnects first). Idempotent."""
@@ -221,13 +250,7 @@ class Sidecar:
         self.closed = True
         if self.broker is not None:
             await self.broker.disconnect()
-        await self.reactor.close()
-        await self.fence.close()
-        await self.registry.close()
-        await self.follower.close()
-        await self.channel.close()
-        await self.load_store.close()
-        await self.metadata.close()
+        await self.services.close()
 
 
 class Harness:
@@ -241,16 +264,26 @@ class Harness:
         assignment: AssignmentConfig | None = None,
         split_config: SplitConfig | None = None,
         default_bundles: int = 4,
+        config: SidecarConfig | None = None,
     ) -> None:
+        """``config`` (default: the defaults) is every sidecar's configuration, its timings,
+        assignment, split config and default bundles replaced by the other arguments."""
         self.clock = ManualClock()
         self.metadata = MemoryMetadataCluster(self.clock)
         self.log = MemoryLog()
         self.broker_load = MemoryLoadTopic()
         self.top_bundles = MemoryLoadTopic()
+        self.checkpoints = MemoryCheckpointStore()
         self.timing = timing or Timing()
-        self.assignment = assignment or AssignmentConfig()
-        self.split_config = split_config or SplitConfig()
-        self.default_bundles = default_bundles
+        self.config = dataclasses.replace(
+            config or SidecarConfig(),
+            timings=self.timing.timings(),
+            assignment=assignment or AssignmentConfig(),
+            split=split_config or SplitConfig(),
+            default_namespace_bundles=default_bundles,
+        )
+        self.deaths: list[tuple[str, BaseException]] = []
+        """Vital tasks of any sidecar that died (each test's harness expects none)."""
         self.sidecars: dict[BrokerId, Sidecar] = {}
         self.events: list[BrokerEvent] = []
         """Every command fake brokers received, in order."""
@@ -284,101 +317,41 @@ class Harness:
     ) -> Sidecar:
         """Build and start a sidecar for ``broker``; with ``fake_broker``, attach a FakeBroker.
 
-        The first sidecar also creates the default namespace (``public/default``).
+        Every sidecar ensures the default namespace (``public/default``), as ``lbd serve`` does.
         """
         me = BrokerId(broker)
-        t = self.timing
         info = BrokerInfo(
             me,
             service_url=f"pulsar://{broker}:6650",
             web_service_url=f"http://{broker}:8080",
             version=version,
             start_time_ms=self.clock.now_ms(),
-        )
-        metadata = MemoryMetadataStore(
-            self.metadata, SessionPolicy(t.lease_ttl_s, t.keepalive_interval_s)
-        )
-        await metadata.start()
-        channel = MemoryChannelLog(self.log)
-        follower = ChannelFollower(channel, name=f"follower-{broker}")
-        proposer = Proposer(channel, follower, self.clock)
-        registry = BrokerRegistry(metadata, self.clock)
-        namespaces = NamespaceService(metadata, self.default_bundles)
-        link = BrokerLink(me, auto_ack=auto_ack, ack_timeout_s=t.ack_timeout_s, clock=self.clock)
-        fence = Fence(
-            metadata,
-            link,
-            self.clock,
-            fence_after_s=t.fence_after_s,
-            check_interval_s=t.fence_check_interval_s,
-        )
-        reactor = OwnershipReactor(
-            me,
-            follower=follower,
-            proposer=proposer,
-            link=link,
-            registry=registry,
-            namespaces=namespaces,
-            clock=self.clock,
-            self_info=info,
             sidecar_grpc_addr=f"{broker}:7000",
-            fence=fence,
-            retry_s=t.retry_s,
         )
-        load_store = MemoryLoadStore(self.broker_load, self.clock)
-        lookup = LookupService(
-            me,
-            follower=follower,
-            proposer=proposer,
-            registry=registry,
-            namespaces=namespaces,
-            load_store=load_store,
-            clock=self.clock,
-            rng=random.Random(self._seed + len(self.sidecars)),
-            assignment=self.assignment,
-            settle_timeout_s=t.settle_timeout_s,
-            fence=fence,
+        policy = SessionPolicy(self.timing.lease_ttl_s, self.timing.keepalive_interval_s)
+        ports = SidecarPorts(
+            metadata=MemoryMetadataStore(self.metadata, policy),
+            channel=MemoryChannelLog(self.log),
+            broker_loads=MemoryLoadStore(self.broker_load, self.clock),
+            top_bundles=MemoryLoadStore(self.top_bundles, self.clock),
+            checkpoints=self.checkpoints,
         )
-        operations = Operations(
-            me,
-            follower=follower,
-            proposer=proposer,
-            registry=registry,
-            namespaces=namespaces,
-            lookup=lookup,
-            link=link,
-            split_config=self.split_config,
-            settle_timeout_s=t.settle_timeout_s,
-        )
-        sidecar = Sidecar(
-            me,
+        services = build_sidecar(
             info,
-            metadata,
-            channel,
-            follower,
-            proposer,
-            registry,
-            namespaces,
-            link,
-            fence,
-            reactor,
-            load_store,
-            lookup,
-            operations,
+            ports,
+            dataclasses.replace(self.config, auto_ack=auto_ack),
+            self.clock,
+            random.Random(self._seed + len(self.sidecars)),
+            host=IdleHost(),
+            on_death=lambda name, error: self.deaths.append((name, error)),
         )
+        sidecar = Sidecar(services)
         self.sidecars[me] = sidecar
-        await load_store.start()
-        await follower.start()
         async with asyncio.timeout(WAIT_S):
-            await follower.wait_ready()
-        await registry.start()
-        await fence.start()
-        await reactor.start()
-        if len(self.sidecars) == 1:
-            await namespaces.ensure(DEFAULT_NAMESPACE, self.default_bundles)
+            await services.start()
         if fake_broker:
             sidecar.broker = FakeBroker(info, self, ack_own=ack_own, ack_release=ack_release)
-            await sidecar.broker.connect(link)
+            await sidecar.broker.connect(services.link)
         return sidecar
 
     async def start(
@@ -428,10 +401,7 @@ class Harness:
 
     def owner(self, bundle: BundleId) -> BrokerId | None:
         """The owner of ``bundle`` in the first live sidecar's table (None unless Owned)."""
-        value = self.live()[0].follower.get(bundle)
-        if value is None or value.state is not ServiceUnitState.Owned:
-            return None
-        return value.dst_broker
+        return owner_of(self.live()[0].follower.get(bundle))
 
     def kinds(self, bundle: BundleId) -> list[tuple[BrokerId, str]]:
         """The (broker, kind) of every broker event about ``bundle``, in order."""

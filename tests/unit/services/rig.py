@@ -1,22 +1,32 @@
-"""Test helpers of the leader-duty tests: waiting under a manual clock, and the leader's
-schedulers built on the sidecars of the shared harness (by composition: the harness is not ours).
+"""Test helpers of the leader-duty tests: waiting under a manual clock, a configuration whose
+schedulers stay quiet unless a test runs them, and publishing load as a broker's reporter would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Sequence
 
-from harness import Harness, Sidecar
+from harness import Harness
 
 from lbd.adapters.clock import ManualClock
-from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
-from lbd.config.schema import SheddingSettings
+from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
-from lbd.metrics import Metrics
-from lbd.services.shedding import UnloadScheduler
+from lbd.core.tuning import MonitorConfig, SidecarConfig
+
+NEVER_S = 10.0**9
+"""An interval no test's clock reaches."""
+
+QUIET = SidecarConfig(
+    shedding_interval_s=NEVER_S,
+    split_interval_s=NEVER_S,
+    monitor=MonitorConfig(interval_s=NEVER_S),
+    checkpoint_interval_s=NEVER_S,
+    load_report_interval_s=NEVER_S,
+)
+"""A sidecar whose schedulers (shedder, splits, monitor, checkpoints, load reports) only run
+when a test calls them: the tests of one scheduler are not disturbed by the others."""
 
 
 async def settle(clock: ManualClock, until: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -36,30 +46,6 @@ async def turns(until: Callable[[], bool], limit: int = 1000) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError(f"condition not reached within {limit} loop turns")
-
-
-async def started_store(topic: MemoryLoadTopic, clock: ManualClock) -> MemoryLoadStore:
-    """A load store reading ``topic`` from now on."""
-    store = MemoryLoadStore(topic, clock)
-    await store.start()
-    return store
-
-
-async def unload_scheduler(
-    h: Harness, sidecar: Sidecar, settings: SheddingSettings, metrics: Metrics | None = None
-) -> UnloadScheduler:
-    """The unload scheduler of ``sidecar`` (as the leader would run it) on ``h``'s load topics."""
-    return UnloadScheduler(
-        sidecar.proposer,
-        sidecar.follower,
-        sidecar.registry,
-        await started_store(h.broker_load, h.clock),
-        await started_store(h.top_bundles, h.clock),
-        h.clock,
-        settings,
-        metrics=metrics,
-        rng=random.Random(1),
-    )
 
 
 async def publish_load(

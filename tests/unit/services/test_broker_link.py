@@ -17,7 +17,7 @@ from lbd.core.broker import (
 )
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.services.broker_link import BrokerLink, LinkEventKind
+from lbd.services.sidecar.broker_link import BrokerLink, LinkEventKind
 
 ME = BrokerId("me")
 B1 = BundleId("public/default/0x00000000_0x40000000")
@@ -60,7 +60,7 @@ async def attached(link: BrokerLink, events) -> None:
 
 async def test_commands_wait_for_the_brokers_ack() -> None:
     clock = ManualClock()
-    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=clock)
+    link = BrokerLink(ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=clock)
     events = link.events()
     broker = Broker(link)
     await attached(link, events)
@@ -92,7 +92,7 @@ async def test_commands_wait_for_the_brokers_ack() -> None:
 
 async def test_an_unanswered_command_times_out_on_the_clock() -> None:
     clock = ManualClock()
-    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=clock)
+    link = BrokerLink(ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=clock)
     broker = Broker(link)
     owning = asyncio.create_task(link.own(B1))
     await broker.next_command()
@@ -106,7 +106,9 @@ async def test_an_unanswered_command_times_out_on_the_clock() -> None:
 
 
 async def test_a_session_must_start_with_hello_from_this_broker() -> None:
-    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+    link = BrokerLink(
+        ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=ManualClock()
+    )
 
     async def messages(*items):
         for item in items:
@@ -120,7 +122,9 @@ async def test_a_session_must_start_with_hello_from_this_broker() -> None:
 
 
 async def test_a_new_session_replaces_the_open_one_and_pending_commands_fail() -> None:
-    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+    link = BrokerLink(
+        ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=ManualClock()
+    )
     events = link.events()
     first = Broker(link)
     await attached(link, events)
@@ -143,7 +147,9 @@ async def test_a_new_session_replaces_the_open_one_and_pending_commands_fail() -
 
 
 async def test_auto_ack_serves_alone_and_nothing_is_owned_while_fenced() -> None:
-    link = BrokerLink(ME, auto_ack=True, ack_timeout_s=5, clock=ManualClock())
+    link = BrokerLink(
+        ME, auto_ack=True, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=ManualClock()
+    )
     assert await link.own(B1) and await link.own(B2)
     assert link.served() == {B1, B2}
     await link.fence("test")
@@ -156,7 +162,9 @@ async def test_auto_ack_serves_alone_and_nothing_is_owned_while_fenced() -> None
 
 
 async def test_without_auto_ack_and_broker_nothing_is_acknowledged() -> None:
-    link = BrokerLink(ME, auto_ack=False, ack_timeout_s=5, clock=ManualClock())
+    link = BrokerLink(
+        ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=ManualClock()
+    )
     assert await link.own(B1) is False
     assert await link.release(B1, None) is False
     assert link.served() == frozenset()

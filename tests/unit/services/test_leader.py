@@ -16,8 +16,8 @@ from lbd.adapters.session import SessionPolicy
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.metrics import Metrics
-from lbd.services.follower import ChannelFollower
-from lbd.services.leader import LeaderElector
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.leader.election import LeaderElector
 
 POLICY = SessionPolicy(lease_ttl_s=6, keepalive_interval_s=1.0)
 A, B = BrokerId("broker-a"), BrokerId("broker-b")
@@ -71,6 +71,7 @@ async def candidate(
         clock,
         [duty],
         metrics=metrics,
+        retry_s=1.0,
         on_death=lambda name, e: deaths.append(f"{name}: {e}"),
     )
     await elector.start()
@@ -182,6 +183,8 @@ async def test_a_duty_that_dies_stops_the_leader_and_is_reported() -> None:
         follower,
         clock,
         [Broken(), healthy],
+        metrics=Metrics(),
+        retry_s=1.0,
         on_death=lambda name, e: deaths.append(f"{name}: {e}"),
     )
     async with elector:

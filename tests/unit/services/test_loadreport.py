@@ -12,7 +12,6 @@ from rig import turns
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
-from lbd.config.schema import LoadReportSettings
 from lbd.core.broker import BrokerInfo, BrokerMessage, Hello, LoadReport
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
@@ -23,14 +22,17 @@ from lbd.core.load import (
     ResourceUsage,
     TopBundlesLoadData,
 )
+from lbd.core.tuning import SidecarConfig
 from lbd.metrics import Metrics
-from lbd.services.broker_link import BrokerLink
-from lbd.services.hostload import HostLoadSampler, parse_cpu, parse_meminfo, parse_net_dev
-from lbd.services.loadreport import LoadReporter, top_bundles
+from lbd.ports.history import NoHistory
+from lbd.services.cluster.loads import LoadView
+from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.hostload import HostLoadSampler, parse_cpu, parse_meminfo, parse_net_dev
+from lbd.services.sidecar.loadreport import LoadReporter, top_bundles
 
 ME = BrokerId("broker-a")
 TTL_MS = 30_000
-SETTINGS = LoadReportSettings(interval_s=10.0, top_bundles=2)
+SETTINGS = SidecarConfig(load_report_interval_s=10.0, top_bundles_per_report=2)
 
 
 def bundle(i: int) -> BundleId:
@@ -86,18 +88,26 @@ class Rig:
     def __init__(self, clock: ManualClock, sampler: FakeSampler | None = None) -> None:
         self.clock = clock
         self.loads, self.tops = MemoryLoadTopic(), MemoryLoadTopic()
-        self.link = BrokerLink(ME, auto_ack=False, ack_timeout_s=1.0, clock=clock)
+        self.link = BrokerLink(
+            ME, auto_ack=False, own_ack_timeout_s=1.0, release_ack_timeout_s=1.0, clock=clock
+        )
         self.metrics = Metrics()
         self.sampler = sampler or FakeSampler(BrokerUsage())
         self.reporter = LoadReporter(
             ME,
             self.link,
-            MemoryLoadStore(self.loads, clock),
-            MemoryLoadStore(self.tops, clock),
+            LoadView(
+                MemoryLoadStore(self.loads, clock),
+                MemoryLoadStore(self.tops, clock),
+                clock,
+                ttl_s=1800,
+            ),
             clock,
-            SETTINGS,
+            interval_s=SETTINGS.load_report_interval_s,
+            top_bundles=SETTINGS.top_bundles_per_report,
             host=self.sampler,
             metrics=self.metrics,
+            history=NoHistory(),
         )
         # What another sidecar (the leader) reads.
         self.load_reader = MemoryLoadStore(self.loads, clock)
@@ -163,7 +173,7 @@ async def test_readers_drop_a_broker_that_stopped_reporting_after_the_ttl() -> N
         await clock.run_for(0.1)
         first = rig.seen_load()
         assert first is not None and first.weighted_max_ema == pytest.approx(0.3)
-        await clock.run_for(SETTINGS.interval_s)
+        await clock.run_for(SETTINGS.load_report_interval_s)
         again = rig.seen_load()
         assert again is not None and again.updated_at_ms > first.updated_at_ms
 
@@ -173,7 +183,7 @@ async def test_readers_drop_a_broker_that_stopped_reporting_after_the_ttl() -> N
         await clock.run_for(2)
         assert rig.seen_load() is None
         rig.loads.come_back()
-        await clock.run_for(SETTINGS.interval_s)
+        await clock.run_for(SETTINGS.load_report_interval_s)
         assert rig.seen_load() is not None
 
 

@@ -43,7 +43,7 @@ async def test_concurrent_lookups_on_one_sidecar_share_one_proposal() -> None:
         a, _b = await h.start(2)
         results = await asyncio.gather(*(a.lookup.lookup(TOPIC) for _ in range(50)))
         assert len({r.owner_id for r in results}) == 1
-        assert a.lookup.proposals == 1
+        assert a.assigner.proposals == 1
         assert a.lookup._shared == {}
 
 
@@ -57,7 +57,7 @@ async def test_100_concurrent_lookups_over_three_sidecars_agree_on_one_owner() -
         (owner,) = owners
         assert h.owner(bundle_of(TOPIC)) == owner
         # At most one proposal per sidecar, and every sidecar's table agrees.
-        assert all(s.lookup.proposals <= 1 for s in sidecars)
+        assert all(s.assigner.proposals <= 1 for s in sidecars)
         assert {s.follower.get(bundle_of(TOPIC)).dst_broker for s in sidecars} == {owner}
         assert h[owner].served() == {bundle_of(TOPIC)}
 

@@ -5,30 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from harness import Harness
-from rig import settle, turns
+from rig import QUIET, settle, turns
 
 from lbd.adapters.clock import ManualClock
-from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.channel import MemoryChannelLog
 from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
-from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.config.schema import CheckpointSettings, MonitorSettings
 from lbd.core.broker import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.tuning import MonitorConfig
 from lbd.metrics import Metrics
-from lbd.services.follower import ChannelFollower
-from lbd.services.monitor import CheckpointDuty, OwnershipMonitor
-from lbd.services.namespaces import NamespaceService
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.checkpoints import CheckpointDuty
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.leader.monitor import OwnershipMonitor
 
 S = ServiceUnitState
 X, Y, Z = BrokerId("broker-x"), BrokerId("broker-y"), BrokerId("broker-z")
@@ -40,8 +39,11 @@ CHILD_LO = BundleId("public/default/0x00000000_0x20000000")
 CHILD_HI = BundleId("public/default/0x20000000_0x40000000")
 TERM = 5
 POLICY = SessionPolicy(lease_ttl_s=10, keepalive_interval_s=1.0)
-SETTINGS = MonitorSettings(
-    interval_s=60, inflight_timeout_s=30, tombstone_after_s=3600, orphan_cleanup_grace_s=60
+SETTINGS = MonitorConfig(
+    interval_s=QUIET.monitor.interval_s,  # swept by the tests only
+    inflight_timeout_s=30,
+    tombstone_after_s=3600,
+    orphan_cleanup_grace_s=60,
 )
 
 
@@ -106,51 +108,26 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig() -> AsyncIterator[Rig]:
-    clock = ManualClock()
-    cluster = MemoryMetadataCluster(clock)
-    leader_store, others = (
-        MemoryMetadataStore(cluster, POLICY),
-        MemoryMetadataStore(cluster, POLICY),
-    )
-    await leader_store.start()
-    await others.start()
-    registry = BrokerRegistry(leader_store, clock)
-    await registry.start()
-    namespaces = NamespaceService(leader_store)
-    await namespaces.create(NS, 4)
-    log = MemoryLog()
-    follower = ChannelFollower(MemoryChannelLog(log))
-    await follower.start()
-    await turns(lambda: follower.is_ready)
-    metrics = Metrics()
-    monitor = OwnershipMonitor(
-        Proposer(MemoryChannelLog(log), follower, clock),
-        follower,
-        registry,
-        namespaces,
-        MemoryLoadStore(MemoryLoadTopic(), clock),
-        clock,
-        SETTINGS,
-        metrics=metrics,
-        rng=random.Random(7),
-    )
-    try:
-        yield Rig(
-            clock,
-            cluster,
-            others,
-            registry,
-            namespaces,
-            MemoryChannelLog(log),
-            follower,
-            monitor,
-            metrics,
-        )
-    finally:
-        await follower.close()
-        await registry.close()
-        await others.close()
-        await leader_store.close()
+    """One sidecar as the wiring builds it, with no broker of its own (so it is no candidate),
+    whose monitor the tests sweep by hand; the brokers X, Y, Z are registered by ``others``."""
+    async with Harness(config=dataclasses.replace(QUIET, monitor=SETTINGS)) as h:
+        leader = await h.add("leader", auto_ack=False)
+        others = MemoryMetadataStore(h.metadata, POLICY)
+        await others.start()
+        try:
+            yield Rig(
+                h.clock,
+                h.metadata,
+                others,
+                leader.registry,
+                leader.namespaces,
+                MemoryChannelLog(h.log),
+                leader.follower,
+                leader.monitor,
+                leader.metrics,
+            )
+        finally:
+            await others.close()
 
 
 def forced(value: ServiceUnitStateData | None) -> bool:
@@ -298,7 +275,7 @@ async def test_a_deposed_leader_writes_nothing() -> None:
 async def test_the_checkpoint_duty_saves_under_the_leaders_term() -> None:
     async with rig() as r:
         store = MemoryCheckpointStore()
-        duty = CheckpointDuty(store, r.follower, r.clock, CheckpointSettings(interval_s=300))
+        duty = CheckpointDuty(store, r.follower, r.clock, interval_s=300)
         await r.write(B1, S.Owned, dst=Y)
         task = asyncio.create_task(duty.run_leading(TERM))
         try:
@@ -313,15 +290,13 @@ async def test_the_checkpoint_duty_saves_under_the_leaders_term() -> None:
 
 
 async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> None:
-    async with Harness() as h:
+    async with Harness(config=dataclasses.replace(QUIET, monitor=SETTINGS)) as h:
         a = await h.add("broker-a")
         b = await h.add("broker-b", auto_ack=False, fake_broker=True)
         await h.ready()
         await a.operations.assign(B1, a.me)
         await h.idle()
-        monitor = OwnershipMonitor(
-            b.proposer, b.follower, b.registry, b.namespaces, b.load_store, h.clock, SETTINGS
-        )
+        monitor = b.monitor
         await a.close()  # its lease is revoked: the registration vanishes at once
         await turns(lambda: b.registry.get(a.me) is None)
         assert (await monitor.run_once(TERM)).fixes == ()

@@ -210,7 +210,7 @@ async def test_split_flow_or_qps_equally_divide_uses_the_reported_traffic() -> N
         a = await h.add("a", auto_ack=False, fake_broker=True)
         await h.ready()
         await owned_by(h, B0, "a")
-        limit = h.split_config.max_msg_rate
+        limit = h.config.split.max_msg_rate
         loads = [TopicLoad(t, msg_rate=limit * 0.6) for t in topics_in(B0, 4)]
         await report_topics(h, "a", B0, loads)
         outcome = await a.operations.split(B0, "flow_or_qps_equally_divide")

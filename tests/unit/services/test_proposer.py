@@ -9,8 +9,8 @@ from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, decode_value
-from lbd.services.follower import ChannelFollower
-from lbd.services.proposals import Proposer, within
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer, within
 
 B = BundleId("public/default/0x00000000_0x40000000")
 A, X = BrokerId("a"), BrokerId("x")

@@ -14,8 +14,8 @@ from lbd.core.ids import BrokerId
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
 from lbd.ports.errors import UnavailableError
-from lbd.services.namespaces import NamespaceService
-from lbd.services.registry import BrokerRegistry
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
 
 POLICY = SessionPolicy(lease_ttl_s=10, keepalive_interval_s=2)
 NS = NamespaceName("public", "default")

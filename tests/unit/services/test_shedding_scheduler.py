@@ -3,39 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-import random
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 from harness import DEFAULT_NAMESPACE, Harness
-from rig import publish_load, settle, turns, unload_scheduler
+from rig import QUIET, publish_load, settle, turns
 
 from lbd.adapters.clock import ManualClock
-from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
-from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
+from lbd.adapters.memory.channel import MemoryChannelLog
+from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.config.schema import SheddingSettings
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
 from lbd.core.shedding import DecisionReason, SkipReason, parse_scenario, scenario_to_json
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, decode_value, encode_value
-from lbd.core.tuning import MB
+from lbd.core.tuning import MB, SheddingConfig
 from lbd.metrics import Metrics
 from lbd.ports.errors import UnavailableError
-from lbd.services.follower import ChannelFollower
-from lbd.services.leader import LeaderElector
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
-from lbd.services.shedding import UnloadScheduler
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.leader.shedding import UnloadScheduler
 
 S = ServiceUnitState
 A, B, GONE = BrokerId("broker-a"), BrokerId("broker-b"), BrokerId("broker-gone")
 POLICY = SessionPolicy(lease_ttl_s=10, keepalive_interval_s=1.0)
-SETTINGS = SheddingSettings(hit_count_threshold=0, min_throughput_threshold=0.0)
+SETTINGS = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0.0)
 
 
 def bundle(i: int) -> BundleId:
@@ -97,54 +94,29 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(settings: SheddingSettings = SETTINGS) -> AsyncIterator[Rig]:
-    clock = ManualClock()
-    cluster = MemoryMetadataCluster(clock)
-    leader_store, brokers = (
-        MemoryMetadataStore(cluster, POLICY),
-        MemoryMetadataStore(cluster, POLICY),
-    )
-    await leader_store.start()
-    await brokers.start()
-    registry = BrokerRegistry(leader_store, clock)
-    await registry.start()
-    log = MemoryLog()
-    follower = ChannelFollower(MemoryChannelLog(log))
-    await follower.start()
-    load_topic, top_topic = MemoryLoadTopic(), MemoryLoadTopic()
-    loads, tops = MemoryLoadStore(load_topic, clock), MemoryLoadStore(top_topic, clock)
-    await loads.start()
-    await tops.start()
-    metrics = Metrics()
-    scheduler = UnloadScheduler(
-        Proposer(MemoryChannelLog(log), follower, clock),
-        follower,
-        registry,
-        loads,
-        tops,
-        clock,
-        settings,
-        metrics=metrics,
-        rng=random.Random(3),
-    )
-    try:
-        yield Rig(
-            clock,
-            cluster,
-            brokers,
-            registry,
-            MemoryChannelLog(log),
-            follower,
-            MemoryLoadStore(load_topic, clock),
-            MemoryLoadStore(top_topic, clock),
-            scheduler,
-            metrics,
-        )
-    finally:
-        await follower.close()
-        await registry.close()
-        await brokers.close()
-        await leader_store.close()
+async def rig(settings: SheddingConfig = SETTINGS) -> AsyncIterator[Rig]:
+    """One sidecar as the wiring builds it, with no broker of its own (so it takes no bundle),
+    whose unload scheduler the tests run by hand; ``brokers`` registers the brokers A and B."""
+    config = dataclasses.replace(QUIET, shedding=settings)
+    async with Harness(seed=3, config=config) as h:
+        leader = await h.add("leader", auto_ack=False)
+        brokers = MemoryMetadataStore(h.metadata, POLICY)
+        await brokers.start()
+        try:
+            yield Rig(
+                h.clock,
+                h.metadata,
+                brokers,
+                leader.registry,
+                MemoryChannelLog(h.log),
+                leader.follower,
+                MemoryLoadStore(h.broker_load, h.clock),
+                MemoryLoadStore(h.top_bundles, h.clock),
+                leader.unload_scheduler,
+                leader.metrics,
+            )
+        finally:
+            await brokers.close()
 
 
 async def applied(r: Rig) -> None:
@@ -177,7 +149,7 @@ async def test_a_cycle_proposes_releasing_off_the_overloaded_broker() -> None:
 
 
 async def test_a_dry_run_proposes_nothing_and_carries_no_state() -> None:
-    async with rig(SheddingSettings(hit_count_threshold=1, min_throughput_threshold=0.0)) as r:
+    async with rig(SheddingConfig(hit_count_threshold=1, min_throughput_threshold=0.0)) as r:
         await r.imbalanced()
         first = await r.scheduler.run_once(dry_run=True)
         assert first.skip_reason is SkipReason.HIT_COUNT
@@ -206,9 +178,7 @@ async def test_only_registered_brokers_count_and_none_means_no_brokers() -> None
 
 
 async def test_load_data_older_than_the_ttl_is_ignored() -> None:
-    settings = SheddingSettings(
-        hit_count_threshold=0, min_throughput_threshold=0, load_data_ttl_s=60
-    )
+    settings = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0, load_data_ttl_s=60)
     async with rig(settings) as r:
         await r.imbalanced()
         await r.clock.run_for(61)
@@ -256,7 +226,7 @@ async def test_the_snapshot_is_a_scenario_the_shed_command_reads_back() -> None:
         await r.imbalanced()
         scenario = r.scheduler.snapshot()
         assert scenario.now_ms == r.clock.now_ms()
-        assert scenario.config == SETTINGS.to_core()
+        assert scenario.config == SETTINGS
         snap = scenario.snapshot
         assert snap.brokers[A] is not None and snap.brokers[A].weighted_max_ema == 0.9
         assert [b.bundle for b in snap.top_bundles[B]] == list(B_BUNDLES)
@@ -267,7 +237,9 @@ async def test_the_snapshot_is_a_scenario_the_shed_command_reads_back() -> None:
 
 
 async def test_the_leader_moves_a_bundle_off_an_overloaded_broker_to_its_new_owner() -> None:
-    async with Harness() as h:
+    shedding = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0)
+    config = dataclasses.replace(QUIET, shedding=shedding, shedding_interval_s=60)
+    async with Harness(config=config) as h:
         a = await h.add("broker-a", auto_ack=False, fake_broker=True)
         b = await h.add("broker-b", auto_ack=False, fake_broker=True)
         await h.ready()
@@ -275,17 +247,11 @@ async def test_the_leader_moves_a_bundle_off_an_overloaded_broker_to_its_new_own
         for x in bundles:
             assert await a.operations.assign(x, a.me) == a.me
         await h.idle()
-        settings = SheddingSettings(
-            interval_s=60, hit_count_threshold=0, min_throughput_threshold=0
-        )
-        scheduler = await unload_scheduler(h, a, settings)
         await publish_load(h, a.me, 0.9, bundles, 25 * MB)
         await publish_load(h, b.me, 0.1, [], 25 * MB)
-        elector = LeaderElector(a.me, a.metadata, a.follower, h.clock, [scheduler])
-        async with elector:
-            await settle(h.clock, lambda: elector.is_leader)
-            await settle(h.clock, lambda: len(h.log) > len(bundles) * 2, seconds=61)
-            await h.idle()
+        await settle(h.clock, lambda: a.elector.is_leader)  # the first to campaign
+        await settle(h.clock, lambda: len(h.log) > len(bundles) * 2, seconds=61)
+        await h.idle()
 
         moved = [x for x in bundles if h.owner(x) == b.me]
         assert moved and all(h.owner(x) in (a.me, b.me) for x in bundles)

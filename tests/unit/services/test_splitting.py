@@ -1,41 +1,25 @@
-"""The split scheduler on in-process sidecars: a hot bundle splits after the hit count."""
+"""The split scheduler of in-process sidecars (as the wiring builds it): a hot bundle splits after
+the hit count, and each split is counted once."""
 
 from __future__ import annotations
 
 from harness import DEFAULT_NAMESPACE, Harness, Sidecar
 from rig import settle, turns
 
-from lbd.config.schema import SplitSettings
 from lbd.core.broker import LoadReport
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.split import SplitReason
 from lbd.core.state import ServiceUnitState
-from lbd.metrics import Metrics
-from lbd.services.splitting import SplitScheduler
 
 S = ServiceUnitState
-SETTINGS = SplitSettings(interval_s=60, hit_count_threshold=3)
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
 HOT, COOL, ELSEWHERE = BUNDLES[0], BUNDLES[1], BUNDLES[2]
 HOT_CHILDREN = {
     BundleId("public/default/0x00000000_0x20000000"),
     BundleId("public/default/0x20000000_0x40000000"),
 }
-
-
-def scheduler(h: Harness, sidecar: Sidecar, metrics: Metrics | None = None) -> SplitScheduler:
-    return SplitScheduler(
-        sidecar.me,
-        sidecar.operations,
-        sidecar.follower,
-        sidecar.link,
-        sidecar.namespaces,
-        h.clock,
-        SETTINGS,
-        metrics=metrics,
-    )
 
 
 async def report(sidecar: Sidecar, *loads: BundleLoad) -> None:
@@ -60,8 +44,7 @@ async def test_a_hot_bundle_splits_after_the_hit_count_and_others_do_not() -> No
             BundleLoad(COOL, topics=10),
             BundleLoad(ELSEWHERE, topics=5000),  # reported by mistake: B owns it
         )
-        metrics = Metrics()
-        splitter = scheduler(h, a, metrics)
+        splitter = a.splitter
         for cycle in range(1, 4):
             plan = await splitter.run_once()
             assert plan.decisions == ()
@@ -78,7 +61,9 @@ async def test_a_hot_bundle_splits_after_the_hit_count_and_others_do_not() -> No
         assert h.owner(COOL) == a.me and h.owner(ELSEWHERE) == b.me
         record = await a.namespaces.refresh(DEFAULT_NAMESPACE)
         assert len(record.bundles()) == 5
-        assert metrics.split_total.labels(result="Success", reason="Topics")._value.get() == 1
+        # Counted once, by Operations.split: the scheduler does not count it again.
+        assert a.metrics.split_total.labels(result="Success", reason="Topics")._value.get() == 1
+        assert a.metrics.split_total.labels(result="Failure", reason="Topics")._value.get() == 0
         assert h.violations == []
 
 
@@ -88,7 +73,7 @@ async def test_a_bundle_that_cools_down_loses_its_count() -> None:
         await h.ready()
         await a.operations.assign(HOT, a.me)
         await h.idle()
-        splitter = scheduler(h, a)
+        splitter = a.splitter
         await report(a, BundleLoad(HOT, msg_rate_in=40000, topics=3))
         await splitter.run_once()
         await splitter.run_once()
@@ -103,7 +88,7 @@ async def test_without_a_broker_there_is_nothing_to_split() -> None:
         a = await h.add("broker-a")  # auto-ack, no broker: no per-bundle stats
         await h.ready()
         await a.operations.assign(HOT, a.me)
-        plan = await scheduler(h, a).run_once()
+        plan = await a.splitter.run_once()
         assert plan.decisions == () and plan.state.hit_counts == {}
 
 
@@ -114,7 +99,8 @@ async def test_the_scheduler_runs_every_interval() -> None:
         await a.operations.assign(HOT, a.me)
         await h.idle()
         await report(a, BundleLoad(HOT, topics=1500))
-        async with scheduler(h, a) as splitter:
-            await settle(h.clock, lambda: splitter.state.hit_counts == {HOT: 2}, seconds=121)
-        await h.clock.run_for(SETTINGS.interval_s * 2)
+        splitter = a.splitter
+        await settle(h.clock, lambda: splitter.state.hit_counts == {HOT: 2}, seconds=121)
+        await splitter.close()
+        await h.clock.run_for(h.config.split_interval_s * 2)
         assert splitter.state.hit_counts == {HOT: 2}  # closed: no more cycles

@@ -1,9 +1,10 @@
 """The load reporter: publishes this broker's load and its busiest bundles (DESIGN §3).
 
 Every ``load_report.interval_s`` it takes the broker's usage — from the broker's latest
-``LoadReport`` while a broker is attached, else from the host (:mod:`lbd.services.hostload`) —
-folds it into the broker's :class:`~lbd.core.load.BrokerLoadData` (the EMAs) and publishes that on
-the broker-load store, keyed by broker id. Alongside, the ``load_report.top_bundles`` busiest
+``LoadReport`` while a broker is attached, else from the host
+(:mod:`lbd.services.sidecar.hostload`) — folds it into the broker's
+:class:`~lbd.core.load.BrokerLoadData` (the EMAs) and publishes that on the broker-load topic,
+keyed by broker id. Alongside, the ``load_report.top_bundles`` busiest
 bundles of the report go on the top-bundles store, which the leader's shedder reads. Readers apply
 a TTL, so a sidecar that stops reporting drops out of their view on its own; on close it also
 deletes its keys so that they do not wait for the TTL.
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from lbd.config.schema import LoadReportSettings
 from lbd.core.broker import LoadReport
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
@@ -33,9 +33,9 @@ from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
-from lbd.ports.loadstore import LoadStore
-from lbd.services.broker_link import BrokerLink
-from lbd.services.hostload import HostLoadSampler
+from lbd.services.cluster.loads import LoadView
+from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.hostload import HostLoadSampler
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
@@ -61,24 +61,26 @@ class LoadReporter:
         self,
         me: BrokerId,
         link: BrokerLink,
-        broker_loads: LoadStore,
-        top_bundles_store: LoadStore,
+        loads: LoadView,
         clock: Clock,
-        settings: LoadReportSettings,
         *,
+        interval_s: float,
+        top_bundles: int,
+        metrics: Metrics,
+        history: HistoryRecorder,
         weights: ResourceWeights | None = None,
         host: UsageSampler | None = None,
-        metrics: Metrics | None = None,
-        history: HistoryRecorder | None = None,
         on_death: Callable[[str, BaseException], None] | None = None,
     ) -> None:
+        """Every ``interval_s`` publish the load and the ``top_bundles`` busiest bundles;
+        ``host`` measures the host while no broker reports (default: this machine's /proc)."""
         self._me = me
         self._history = history
         self._link = link
-        self._broker_loads = broker_loads
-        self._top_bundles = top_bundles_store
+        self._loads = loads
         self._clock = clock
-        self._settings = settings
+        self._interval_s = interval_s
+        self._top_count = top_bundles
         self._weights = weights or ResourceWeights()
         self._host = host if host is not None else HostLoadSampler()
         self._metrics = metrics
@@ -103,9 +105,8 @@ class LoadReporter:
         await cancel_and_wait(task)
         if self._published:
             self._published = False
-            for store in (self._broker_loads, self._top_bundles):
-                with contextlib.suppress(UnavailableError):
-                    await store.delete(self._me)
+            with contextlib.suppress(UnavailableError):
+                await self._loads.delete(self._me)
 
     async def __aenter__(self) -> LoadReporter:
         await self.start()
@@ -125,15 +126,12 @@ class LoadReporter:
         previous = self._data if self._data is not None else BrokerLoadData(self._me)
         data = replace(previous.update(usage, self._weights, now), reported_at_ms=now)
         self._data = data
-        if self._metrics is not None:
-            self._metrics.observe_broker_load(data)
-        if self._history is not None:
-            self._history.record_broker_load(data)
-            self._history.record_bundle_loads(self._me, bundles, ts_ms=now)
-        top = TopBundlesLoadData(self._me, top_bundles(bundles, self._settings.top_bundles))
+        self._metrics.observe_broker_load(data)
+        self._history.record_broker_load(data)
+        self._history.record_bundle_loads(self._me, bundles, ts_ms=now)
+        top = TopBundlesLoadData(self._me, top_bundles(bundles, self._top_count))
         self._published = True
-        await self._broker_loads.publish(self._me, data.to_json())
-        await self._top_bundles.publish(self._me, top.to_json())
+        await self._loads.publish(data, top)
         return data
 
     def _measure(self) -> tuple[BrokerUsage, tuple[BundleLoad, ...]]:
@@ -159,4 +157,4 @@ class LoadReporter:
                     data.weighted_max_ema,
                     data.msg_throughput_ema,
                 )
-            await self._clock.sleep(self._settings.interval_s)
+            await self._clock.sleep(self._interval_s)

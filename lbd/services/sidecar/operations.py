@@ -23,19 +23,19 @@ from lbd.core.bundles import (
     split_positions,
     topic_hash,
 )
-from lbd.core.errors import DeadlineError, InvalidInputError, NotFoundError, PreconditionError
+from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
 from lbd.core.tuning import SplitConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
-from lbd.services.broker_link import BrokerLink
-from lbd.services.follower import ChannelFollower
-from lbd.services.lookup import LookupService
-from lbd.services.namespaces import NamespaceService
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.lookup import LookupService
 
 _log = logging.getLogger(__name__)
 
@@ -64,10 +64,10 @@ class Operations:
         namespaces: NamespaceService,
         lookup: LookupService,
         link: BrokerLink,
-        split_config: SplitConfig | None = None,
-        settle_timeout_s: float = 30.0,
-        history: HistoryRecorder | None = None,
-        metrics: Metrics | None = None,
+        split_config: SplitConfig,
+        settle_timeout_s: float,
+        history: HistoryRecorder,
+        metrics: Metrics,
     ) -> None:
         self._me = me
         self._history = history
@@ -78,7 +78,7 @@ class Operations:
         self._namespaces = namespaces
         self._lookup = lookup
         self._link = link
-        self._split_config = split_config or SplitConfig()
+        self._split_config = split_config
         self._settle_timeout_s = settle_timeout_s
 
     async def assign(self, bundle: BundleId, dst: BrokerId | None = None) -> BrokerId:
@@ -147,15 +147,31 @@ class Operations:
         algorithm: SplitAlgorithm | str,
         boundaries: Sequence[int] = (),
         *,
-        reason: str = "Admin",
+        reason: str = ADMIN_REASON,
     ) -> SplitOutcome:
         """Split a bundle this sidecar's broker owns; the children once they are Owned.
 
         ``boundaries`` are the split points of ``specified_positions_divide`` (and of no other
         algorithm); topic-based algorithms use the topics of the broker's latest load report.
         The request must reach the owner's sidecar (the API forwards it): PreconditionError
-        otherwise.
+        otherwise. Every split is counted once here, by its outcome and ``reason`` (the split
+        scheduler's reason, or ``Admin``), in ``lbd_bundle_split_total``.
         """
+        try:
+            outcome = await self._split(bundle, algorithm, boundaries, reason)
+        except LbdError:
+            self._metrics.split_total.labels(result=FAILURE, reason=reason).inc()
+            raise
+        self._metrics.split_total.labels(result=SUCCESS, reason=reason).inc()
+        return outcome
+
+    async def _split(
+        self,
+        bundle: BundleId,
+        algorithm: SplitAlgorithm | str,
+        boundaries: Sequence[int],
+        reason: str,
+    ) -> SplitOutcome:
         algo = SplitAlgorithm.parse(algorithm) if isinstance(algorithm, str) else algorithm
         if boundaries and algo is not SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE:
             raise InvalidInputError(
@@ -192,23 +208,15 @@ class Operations:
             bundle, _S.Splitting, src=self._me, split_children=dict.fromkeys(children, self._me)
         )
         self._record("split", bundle, src=self._me, reason=reason)
-        try:
-            await self._proposer.settle(
-                bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
-            )
-        except DeadlineError:
-            if self._metrics is not None:
-                self._metrics.split_total.labels(result=FAILURE, reason=reason).inc()
-            raise
-        if self._metrics is not None:
-            self._metrics.split_total.labels(result=SUCCESS, reason=reason).inc()
+        await self._proposer.settle(
+            bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
+        )
         _log.info("split %s into %s (%s)", bundle, ", ".join(children), algo)
         return SplitOutcome(bundle, children, self._me)
 
     def _observe_unload(self, started: float) -> None:
-        if self._metrics is not None:
-            self._metrics.unload_total.labels(result=SUCCESS, reason=ADMIN_REASON).inc()
-            self._metrics.unload_latency.observe(self._proposer.clock.monotonic() - started)
+        self._metrics.unload_total.labels(result=SUCCESS, reason=ADMIN_REASON).inc()
+        self._metrics.unload_latency.observe(self._proposer.clock.monotonic() - started)
 
     def _record(
         self,
@@ -219,8 +227,7 @@ class Operations:
         dst: BrokerId | None = None,
         reason: str = "Admin",
     ) -> None:
-        if self._history is not None:
-            self._history.record_decision(kind, bundle, reason=reason, src=src, dst=dst)
+        self._history.record_decision(kind, bundle, reason=reason, src=src, dst=dst)
 
     # -- checks -----------------------------------------------------------------------------
 

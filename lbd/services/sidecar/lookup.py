@@ -1,9 +1,12 @@
 """Lookups: topic -> bundle -> owner, assigning the bundle when it has no owner.
 
 An Owned bundle is answered from the table and the registry at once. Otherwise the lookup waits
-(within a deadline) for the bundle to settle; an Init or Free bundle is first assigned: a broker is
-chosen with :func:`lbd.core.assign.select_broker` and ``Assigning(dst)`` proposed. Whoever's
-proposal won, the bundle ends Owned by one broker, and every lookup answers that broker.
+(within ``assignment.settle_timeout_s``) for the bundle to settle; an Init or Free bundle is first
+assigned by the :class:`~lbd.services.cluster.assigner.Assigner`, which chooses a broker and
+proposes ``Assigning(dst)``. The destination's sidecar then tells its broker to Own the bundle and,
+once acknowledged, proposes ``Owned(dst)`` (:mod:`lbd.services.sidecar.ownership`); the channel
+follower applies it on every sidecar, which wakes this lookup. Whoever's proposal won, the bundle
+ends Owned by one broker, and every lookup answers that broker.
 
 Concurrent lookups of one bundle on this sidecar share one task: one proposal, one wait. A bundle
 found Deleted was split: the namespace layout is read again and the lookup retried.
@@ -16,29 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from dataclasses import dataclass
 
-from lbd.core.assign import BrokerCandidate, Placement, select_broker
 from lbd.core.broker import BrokerInfo
-from lbd.core.bundles import parse_bundle_id
-from lbd.core.errors import DeadlineError, InvalidInputError, NotFoundError
+from lbd.core.errors import DeadlineError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData
-from lbd.core.names import NamespaceName, TopicName
-from lbd.core.namespace import NamespaceRecord
+from lbd.core.names import TopicName
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
-from lbd.core.tuning import AssignmentConfig
 from lbd.metrics import FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.ports.history import HistoryRecorder
-from lbd.ports.loadstore import LoadStore
-from lbd.services.fencing import Fence
-from lbd.services.follower import ChannelFollower
-from lbd.services.namespaces import NamespaceService
-from lbd.services.proposals import Predicate, Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Predicate, Proposer
+from lbd.services.cluster.assigner import Assigner
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.sidecar.fencing import Fence
 
 _log = logging.getLogger(__name__)
 
@@ -73,35 +69,24 @@ class LookupService:
         proposer: Proposer,
         registry: BrokerRegistry,
         namespaces: NamespaceService,
-        load_store: LoadStore,
+        assigner: Assigner,
+        fence: Fence,
         clock: Clock,
-        rng: random.Random | None = None,
-        assignment: AssignmentConfig | None = None,
-        settle_timeout_s: float = 30.0,
-        load_data_ttl_s: float = 1800.0,
-        fence: Fence | None = None,
-        history: HistoryRecorder | None = None,
-        metrics: Metrics | None = None,
+        settle_timeout_s: float,
+        metrics: Metrics,
     ) -> None:
-        """``load_store`` is the (started) broker-load store; ``settle_timeout_s`` bounds how
-        long a lookup waits for its bundle to be Owned."""
+        """``settle_timeout_s`` bounds how long a lookup waits for its bundle to be Owned."""
         self._me = me
-        self._history = history
         self._metrics = metrics
         self._follower = follower
         self._proposer = proposer
         self._registry = registry
         self._namespaces = namespaces
-        self._load_store = load_store
-        self._clock = clock
-        self._rng = rng or random.Random()
-        self._assignment = assignment or AssignmentConfig()
-        self._settle_timeout_s = settle_timeout_s
-        self._load_data_ttl_ms = round(load_data_ttl_s * 1000)
+        self._assigner = assigner
         self._fence = fence
+        self._clock = clock
+        self._settle_timeout_s = settle_timeout_s
         self._shared: dict[BundleId, asyncio.Task[None]] = {}
-        self.proposals = 0
-        """Assignments this sidecar proposed."""
 
     @property
     def settle_timeout_s(self) -> float:
@@ -145,7 +130,7 @@ class LookupService:
 
     def _answer(self, bundle: BundleId, value: ServiceUnitStateData) -> LookupResult:
         owner = value.dst_broker
-        if owner == self._me and self._fence is not None and self._fence.fenced:
+        if owner == self._me and self._fence.fenced:
             raise UnavailableError(
                 f"bundle {bundle} is owned by {owner}, whose sidecar is fenced (its metadata "
                 "lease could not be renewed): ask another sidecar"
@@ -226,8 +211,6 @@ class LookupService:
         return value
 
     def _observe_assignment(self, started: float, reason: str, *, ok: bool) -> None:
-        if self._metrics is None:
-            return
         if ok:
             self._metrics.assign_total.labels(result=SUCCESS, reason=reason).inc()
             self._metrics.assign_latency.observe(self._clock.monotonic() - started)
@@ -235,90 +218,17 @@ class LookupService:
             self._metrics.assign_total.labels(result=FAILURE, reason="Timeout").inc()
 
     async def _propose_assignment(self, bundle: BundleId, dst: BrokerId | None) -> bool:
-        """Propose ``Assigning(dst)`` (a selected broker when None); False when the bundle is
-        no longer in its namespace's layout."""
-        if not self._registry.reachable:
-            raise UnavailableError(
-                f"metadata store unreachable (safe mode): no new assignment of {bundle}"
-            )
-        parsed = parse_bundle_id(bundle)
-        records = await self._namespaces.list()
-        record = next((r for r in records if r.name == parsed.namespace), None)
-        if record is None:
-            raise NotFoundError(f"namespace {parsed.namespace} does not exist")
-        # A layout read before a split may still hold the parent, whose value may even have
-        # been tombstoned since: never assign a bundle the layout does not hold now.
-        try:
-            record.bundles().index(parsed.range)
-        except NotFoundError:
-            _log.info("%s is no longer in the layout of %s", bundle, parsed.namespace)
-            return False
-        reason = "Admin" if dst is not None else "Lookup"
-        if dst is None:
-            dst = self._select(bundle, record, records)
-        await self._proposer.propose(bundle, _S.Assigning, dst=dst)
-        self.proposals += 1
-        if self._history is not None:
-            self._history.record_decision("assign", bundle, reason=reason, dst=dst)
-        return True
-
-    def _select(
-        self, bundle: BundleId, record: NamespaceRecord, records: list[NamespaceRecord]
-    ) -> BrokerId:
-        brokers = dict(self._registry.brokers())
-        if self._fence is not None and self._fence.fenced:
-            brokers.pop(self._me, None)
-        loads = self.load_data()
-        candidates = [
-            BrokerCandidate(
-                broker,
-                version=info.version or None,
-                topics=loads[broker].usage.topics if broker in loads else 0,
-            )
-            for broker, info in sorted(brokers.items())
-        ]
-        placement = Placement(
-            policies=record.policies,
-            cluster_isolation=tuple(
-                r.policies.isolation for r in records if r.policies.isolation is not None
-            ),
-            ownership=self._ownership() if record.policies.anti_affinity_group else {},
-            anti_affinity_groups=_groups(records),
+        """Have ``bundle`` assigned (to ``dst``, or a chosen broker other than this one while it is
+        fenced); False when it is no longer in its namespace's layout."""
+        return await self._assigner.assign(
+            bundle,
+            dst,
+            reason="Admin" if dst is not None else "Lookup",
+            exclude=(self._me,) if self._fence.fenced else (),
         )
-        selection = select_broker(bundle, candidates, loads, self._assignment, self._rng, placement)
-        if selection.broker is None:
-            raise UnavailableError(selection.reason)
-        _log.info("assigning %s", selection.reason)
-        return selection.broker
-
-    def load_data(self) -> dict[BrokerId, BrokerLoadData]:
-        """The latest, unexpired load data of every broker (unreadable values skipped)."""
-        out: dict[BrokerId, BrokerLoadData] = {}
-        latest = self._load_store.latest(self._clock.now_ms(), self._load_data_ttl_ms)
-        for key, raw in latest.items():
-            try:
-                out[BrokerId(key)] = BrokerLoadData.from_json(raw)
-            except InvalidInputError as e:
-                _log.warning("ignoring the load data of %s: %s", key, e)
-        return out
-
-    def _ownership(self) -> dict[BundleId, BrokerId]:
-        return {
-            bundle: value.dst_broker
-            for bundle, value in self._follower.table.items()
-            if value.state is _S.Owned and value.dst_broker is not None
-        }
 
 
 def _changed_from(seen: ServiceUnitStateData | None) -> Predicate:
     """True once the bundle's value is no longer ``seen`` (the table stores a new object for
     every accepted change)."""
     return lambda value: value is not seen
-
-
-def _groups(records: list[NamespaceRecord]) -> dict[NamespaceName, str]:
-    return {
-        r.name: r.policies.anti_affinity_group
-        for r in records
-        if r.policies.anti_affinity_group is not None
-    }

@@ -31,7 +31,7 @@ from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import Leader, MetadataStore, SessionEvent, SessionEventKind
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel.follower import ChannelFollower
 from lbd.tasks import guard
 
 _log = logging.getLogger(__name__)
@@ -72,10 +72,10 @@ class LeaderElector:
         metadata: MetadataStore,
         follower: ChannelFollower,
         clock: Clock,
-        duties: Sequence[LeaderDuty] = (),
+        duties: Sequence[LeaderDuty],
         *,
-        metrics: Metrics | None = None,
-        retry_s: float = 1.0,
+        metrics: Metrics,
+        retry_s: float,
         on_death: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self._me = me
@@ -217,7 +217,7 @@ class LeaderElector:
                 else:
                     self._reachable = True
         except SessionExpiredError:
-            pass  # the daemon's own session watcher stops the daemon
+            pass  # the sidecar's SessionWatcher stops the daemon
         # The session is over: whatever we led, we no longer know that we lead.
         self._reachable = False
         self._step_down(StepDown.LEASE_LOST)
@@ -241,11 +241,10 @@ class LeaderElector:
             self._observe()
 
     def _observe(self) -> None:
-        if self._metrics is not None:
-            known = self.leader
-            self._metrics.observe_leadership(
-                leading=self.is_leader, term=None if known is None else known.term
-            )
+        known = self.leader
+        self._metrics.observe_leadership(
+            leading=self.is_leader, term=None if known is None else known.term
+        )
 
 
 async def _cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:

@@ -3,8 +3,8 @@
 Each cycle (every ``shedding.interval_s`` while leading, or on demand for the Rebalance RPC):
 
 1. snapshot: the registered brokers (none: ``NoBrokers``), their latest load data and top bundles
-   from the load stores (within ``load_data_ttl_s``), the channel table's owners, and the
-   leader's own record of recent unloads;
+   from the load topics (within ``load_data_ttl_s``), who holds each bundle in the channel table,
+   and the leader's own record of recent unloads;
 2. decide: the configured strategy (:data:`lbd.core.shedding.STRATEGIES`), carrying its state
    (hit counts) from the previous cycle;
 3. act: for each decision whose bundle is still ``Owned`` by its source, propose
@@ -20,14 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
-from lbd.config.schema import SheddingSettings
-from lbd.core.errors import InvalidInputError, LbdError
+from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
+from lbd.core.load import BrokerLoadData, BundleLoad
 from lbd.core.shedding import (
     STRATEGIES,
     LoadSnapshot,
@@ -37,18 +34,17 @@ from lbd.core.shedding import (
     UnloadDecision,
 )
 from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import SheddingConfig
 from lbd.metrics import FAILURE, UNKNOWN_REASON, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
-from lbd.ports.loadstore import LoadStore
-from lbd.services.follower import ChannelFollower
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.loads import LoadView
+from lbd.services.cluster.registry import BrokerRegistry
 
 _log = logging.getLogger(__name__)
-
-_Data = TypeVar("_Data", BrokerLoadData, TopBundlesLoadData)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +68,30 @@ class UnloadScheduler:
         proposer: Proposer,
         follower: ChannelFollower,
         registry: BrokerRegistry,
-        broker_loads: LoadStore,
-        top_bundles: LoadStore,
+        loads: LoadView,
         clock: Clock,
-        settings: SheddingSettings,
+        config: SheddingConfig,
         *,
-        metrics: Metrics | None = None,
-        rng: random.Random | None = None,
-        history: HistoryRecorder | None = None,
+        strategy: str,
+        interval_s: float,
+        metrics: Metrics,
+        rng: random.Random,
+        history: HistoryRecorder,
     ) -> None:
+        """Runs ``strategy`` (a key of :data:`lbd.core.shedding.STRATEGIES`) every
+        ``interval_s`` while leading."""
         self._history = history
         self._proposer = proposer
         self._follower = follower
         self._registry = registry
-        self._broker_loads = broker_loads
-        self._top_bundles = top_bundles
+        self._loads = loads
         self._clock = clock
-        self._settings = settings
-        self._config = settings.to_core()
-        self._strategy = STRATEGIES[settings.strategy]
+        self._config = config
+        self._strategy_name = strategy
+        self._strategy = STRATEGIES[strategy]
+        self._interval_s = interval_s
         self._metrics = metrics
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng
         self._state = ShedderState()
         self._recent_bundles: dict[BundleId, int] = {}
         self._recent_brokers: dict[BrokerId, int] = {}
@@ -107,7 +106,7 @@ class UnloadScheduler:
     async def run_leading(self, term: int) -> None:
         """The leader duty: a cycle every interval until cancelled."""
         while True:
-            await self._clock.sleep(self._settings.interval_s)
+            await self._clock.sleep(self._interval_s)
             try:
                 await self.run_once(dry_run=False)
             except UnavailableError as e:
@@ -115,8 +114,7 @@ class UnloadScheduler:
             except Exception:
                 # A strategy bug must not end the leader's other duties; Pulsar counts it too.
                 _log.exception("shedding cycle failed")
-                if self._metrics is not None:
-                    self._metrics.unload_total.labels(result=FAILURE, reason=UNKNOWN_REASON).inc()
+                self._metrics.unload_total.labels(result=FAILURE, reason=UNKNOWN_REASON).inc()
 
     async def run_once(self, *, dry_run: bool) -> SheddingResult:
         """One cycle now; with ``dry_run`` only decide (nothing proposed, no state carried).
@@ -140,10 +138,9 @@ class UnloadScheduler:
             self._state = state
             report = await self._act(result, now)
             self._record(report.proposed, now)
-            if self._history is not None and report.proposed:
-                self._history.record_shedding(result, snapshot, strategy=self._settings.strategy)
-            if self._metrics is not None:
-                self._metrics.observe_shedding(result, failed=[d for d, _ in report.dropped])
+            if report.proposed:
+                self._history.record_shedding(result, snapshot, strategy=self._strategy_name)
+            self._metrics.observe_shedding(result, failed=[d for d, _ in report.dropped])
             return report
 
     def snapshot(self) -> Scenario:
@@ -156,34 +153,18 @@ class UnloadScheduler:
     def _snapshot(self, now: int) -> LoadSnapshot:
         self._forget_old_unloads(now)
         registered = set(self._registry.brokers())
-        ttl_ms = self._config.load_data_ttl_s * 1000
         loads: dict[BrokerId, BrokerLoadData | None] = dict.fromkeys(registered)
-        for key, raw in self._broker_loads.latest(now, ttl_ms).items():
-            data = _decode(key, raw, BrokerLoadData.from_json)
-            if data is not None and data.broker in registered:
-                loads[data.broker] = data
-        tops: dict[BrokerId, tuple[BundleLoad, ...]] = {}
-        for key, raw in self._top_bundles.latest(now, ttl_ms).items():
-            top = _decode(key, raw, TopBundlesLoadData.from_json)
-            if top is not None and top.broker in registered:
-                tops[top.broker] = top.bundles
+        loads.update((b, data) for b, data in self._loads.brokers().items() if b in registered)
+        tops: dict[BrokerId, tuple[BundleLoad, ...]] = {
+            b: top.bundles for b, top in self._loads.top_bundles().items() if b in registered
+        }
         return LoadSnapshot(
             brokers=loads,
             top_bundles=tops,
-            owners=self._owners(),
+            owners=self._follower.table.holders(),
             recently_unloaded_bundles=dict(self._recent_bundles),
             recently_unloaded_brokers=dict(self._recent_brokers),
         )
-
-    def _owners(self) -> dict[BundleId, BrokerId]:
-        """Who has each bundle: the owner, or the broker an in-flight bundle is going to."""
-        owners: dict[BundleId, BrokerId] = {}
-        for bundle, value in self._follower.table.items():
-            if value.state is ServiceUnitState.Owned or value.state.is_in_flight:
-                broker = value.dst_broker or value.source_broker
-                if broker is not None:
-                    owners[bundle] = broker
-        return owners
 
     def _forget_old_unloads(self, now: int) -> None:
         # Past these ages an entry no longer changes any decision (grace period; cooldown against
@@ -253,17 +234,3 @@ def _describe(decision: UnloadDecision, result: SheddingResult) -> str:
         f"bundle={decision.bundle} src={decision.src} dst={dst} reason={decision.reason.value} "
         f"avg={result.avg:.3f} std={result.std:.3f}"
     )
-
-
-def _decode(key: str, raw: bytes, read: Callable[[bytes], _Data]) -> _Data | None:
-    """The decoded value of ``key``; None (logged) when malformed or published under another
-    broker's key."""
-    try:
-        value = read(raw)
-    except InvalidInputError as e:
-        _log.warning("ignoring the malformed load value of %s: %s", key, e)
-        return None
-    if value.broker != key:
-        _log.warning("ignoring the load value of %s published under key %s", value.broker, key)
-        return None
-    return value

@@ -13,26 +13,23 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from lbd.config.schema import SplitSettings
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import LbdError, NotFoundError
 from lbd.core.ids import BrokerId
 from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
 from lbd.core.split import SplitPlan, SplitState, find_bundles_to_split
-from lbd.core.state import ServiceUnitState
-from lbd.metrics import FAILURE, SUCCESS, Metrics
+from lbd.core.state import owner_of
+from lbd.core.tuning import SplitConfig
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.services.broker_link import BrokerLink
-from lbd.services.follower import ChannelFollower
-from lbd.services.namespaces import NamespaceService
-from lbd.services.operations import Operations
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.operations import Operations
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
-
-_OWNED = ServiceUnitState.Owned
 
 
 class SplitScheduler:
@@ -46,9 +43,9 @@ class SplitScheduler:
         link: BrokerLink,
         namespaces: NamespaceService,
         clock: Clock,
-        settings: SplitSettings,
+        config: SplitConfig,
         *,
-        metrics: Metrics | None = None,
+        interval_s: float,
         on_death: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self._me = me
@@ -57,9 +54,8 @@ class SplitScheduler:
         self._link = link
         self._namespaces = namespaces
         self._clock = clock
-        self._settings = settings
-        self._config = settings.to_core()
-        self._metrics = metrics
+        self._config = config
+        self._interval_s = interval_s
         self._on_death = on_death
         self._state = SplitState()
         self._task: asyncio.Task[None] | None = None
@@ -89,8 +85,8 @@ class SplitScheduler:
     async def run_once(self) -> SplitPlan:
         """One cycle: decide on this broker's owned bundles, then split each decided bundle.
 
-        A split that fails (the bundle moved meanwhile, the store is down) is logged and counted;
-        the other decisions still go ahead.
+        A split that fails (the bundle moved meanwhile, the store is down) is logged (and counted
+        by :meth:`Operations.split`, which counts every split); the other decisions still go ahead.
         """
         loads = self._owned_loads()
         counts, limits = await self._namespace_sizes(loads)
@@ -105,10 +101,8 @@ class SplitScheduler:
                 )
             except LbdError as e:
                 _log.warning("split decision: %s failed: %s", decision, e)
-                self._count(FAILURE, decision.reason.value)
                 continue
             _log.info("split decision: %s -> %s", decision, ", ".join(outcome.children))
-            self._count(SUCCESS, decision.reason.value)
         return plan
 
     def _owned_loads(self) -> list[BundleLoad]:
@@ -118,8 +112,7 @@ class SplitScheduler:
             return []
         loads: list[BundleLoad] = []
         for load in report.bundles:
-            value = self._follower.get(load.bundle)
-            if value is not None and value.state is _OWNED and value.dst_broker == self._me:
+            if owner_of(self._follower.get(load.bundle)) == self._me:
                 loads.append(load)
         return loads
 
@@ -143,13 +136,9 @@ class SplitScheduler:
                 limits[namespace] = record.policies.max_bundles
         return counts, limits
 
-    def _count(self, result: str, reason: str) -> None:
-        if self._metrics is not None:
-            self._metrics.split_total.labels(result=result, reason=reason).inc()
-
     async def _run(self) -> None:
         while True:
-            await self._clock.sleep(self._settings.interval_s)
+            await self._clock.sleep(self._interval_s)
             try:
                 await self.run_once()
             except LbdError as e:

@@ -141,7 +141,7 @@ class BrokerRegistry:
                 queue.put_nowait(event)
 
     async def _follow_session(self, events: AsyncIterator[SessionEvent]) -> None:
-        with contextlib.suppress(SessionExpiredError):  # the daemon's own watcher stops it
+        with contextlib.suppress(SessionExpiredError):  # the SessionWatcher stops the daemon
             async for event in events:
                 reachable = event.kind in (SessionEventKind.REACHABLE, SessionEventKind.RECONNECTED)
                 if reachable != self._reachable:

@@ -1,10 +1,12 @@
-"""The leader's ownership monitor and checkpoint duty (DESIGN §4, §8).
+"""The leader's ownership monitor (DESIGN §4, §8).
 
 Every ``monitor.interval_s`` while leading, the monitor sweeps the channel table and fixes what
 nobody else will:
 
-- **orphans**: a bundle whose owner (or in-flight destination) is not registered and has stayed
-  away for ``orphan_cleanup_grace_s`` gets a forced ``Assigning`` to a live broker. Never in safe
+- **orphans**: a bundle whose holder (:func:`lbd.core.state.holder`: its owner, or its in-flight
+  destination) is not registered and has stayed away for ``orphan_cleanup_grace_s`` gets a forced
+  ``Assigning`` to a live broker chosen by the :class:`~lbd.services.cluster.assigner.Assigner`
+  (isolation, anti-affinity, version and max-topics filters included). Never in safe
   mode: an unreachable registry says nothing about who is alive. A broker that registers again
   within the grace keeps its bundles (the cleanup is cancelled, and counted so);
 - **stuck in-flight states** older than ``inflight_timeout_s`` (by the value's timestamp) get a
@@ -15,36 +17,27 @@ nobody else will:
 Forced writes carry the leader's term, so that a deposed leader's late overrides are rejected by
 every sidecar; the monitor also stops writing as soon as its table shows a higher term. Each fix
 is logged once, as one line with its reason.
-
-The checkpoint duty saves the channel table every ``checkpoint.interval_s`` under the leader's term.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
-from lbd.config.schema import CheckpointSettings, MonitorSettings
-from lbd.core.assign import BrokerCandidate, Placement, select_broker
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
-from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
+from lbd.core.errors import LbdError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData
-from lbd.core.tuning import AssignmentConfig
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, holder
+from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
-from lbd.ports.checkpoint import CheckpointStore
 from lbd.ports.clock import Clock
-from lbd.ports.errors import UnavailableError
-from lbd.ports.loadstore import LoadStore
-from lbd.services import checkpoints
-from lbd.services.follower import ChannelFollower
-from lbd.services.namespaces import NamespaceService
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.assigner import Assigner
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
 
 _log = logging.getLogger(__name__)
 
@@ -103,26 +96,20 @@ class OwnershipMonitor:
         follower: ChannelFollower,
         registry: BrokerRegistry,
         namespaces: NamespaceService,
-        broker_loads: LoadStore,
+        assigner: Assigner,
         clock: Clock,
-        settings: MonitorSettings,
+        config: MonitorConfig,
         *,
-        assignment: AssignmentConfig | None = None,
-        load_data_ttl_s: float = 1800.0,
-        metrics: Metrics | None = None,
-        rng: random.Random | None = None,
+        metrics: Metrics,
     ) -> None:
         self._proposer = proposer
         self._follower = follower
         self._registry = registry
         self._namespaces = namespaces
-        self._broker_loads = broker_loads
+        self._assigner = assigner
         self._clock = clock
-        self._settings = settings
-        self._assignment = assignment or AssignmentConfig()
-        self._load_ttl_ms = round(load_data_ttl_s * 1000)
+        self._settings = config
         self._metrics = metrics
-        self._rng = rng if rng is not None else random.Random()
         self._noticed_gone: dict[BrokerId, float] = {}
         """Brokers seen unregistered whose vanishing this sidecar did not witness."""
         self._undated: dict[tuple[BundleId, int], int] = {}
@@ -195,13 +182,13 @@ class OwnershipMonitor:
             return Fix(bundle, "tombstone", None, None, reason)
         if sweep.skipped is not None:
             return None
-        holder = _holder(value)
-        if holder is not None and holder not in sweep.live:
-            gone_s = sweep.away.get(holder, 0.0)
+        held_by = holder(value)
+        if held_by is not None and held_by not in sweep.live:
+            gone_s = sweep.away.get(held_by, 0.0)
             if gone_s < self._settings.orphan_cleanup_grace_s:
-                sweep.waiting[holder] = gone_s
+                sweep.waiting[held_by] = gone_s
                 return None
-            return await self._fix(bundle, value, sweep, "orphan", f"{holder} away {gone_s:.0f}s")
+            return await self._fix(bundle, value, sweep, "orphan", f"{held_by} away {gone_s:.0f}s")
         if value.state.is_in_flight and age_ms >= self._settings.inflight_timeout_s * 1000:
             reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
             return await self._fix(bundle, value, sweep, "inflight", reason)
@@ -225,9 +212,10 @@ class OwnershipMonitor:
         # other than the one the bundle is stuck on.
         dst = value.dst_broker if value.state is _S.Releasing else None
         if dst is None or dst not in sweep.live:
-            stuck_on = value.dst_broker if value.state is _S.Assigning else _holder(value)
-            dst, why = await self._choose(bundle, sweep.live, avoid=stuck_on)
-            reason = f"{reason}; {why}"
+            stuck_on = value.dst_broker if value.state is _S.Assigning else holder(value)
+            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=stuck_on)
+            dst = selection.broker
+            reason = f"{reason}; {selection.reason}"
         if not value.state.is_in_flight:
             src = value.dst_broker
         return await self._force(bundle, sweep, kind, _S.Assigning, dst, src, reason)
@@ -260,52 +248,6 @@ class OwnershipMonitor:
             return True
         return parsed.range not in {b.range for b in record.bundles().bundles()}
 
-    async def _choose(
-        self, bundle: BundleId, live: Mapping[BrokerId, BrokerInfo], avoid: BrokerId | None
-    ) -> tuple[BrokerId, str]:
-        """A live broker for ``bundle``, other than ``avoid`` when there is a choice."""
-        names = [b for b in sorted(live) if b != avoid] or sorted(live)
-        if not names:
-            raise LbdError(f"no live broker to take {bundle}")
-        loads = self._load_data()
-        candidates = [
-            BrokerCandidate(
-                broker,
-                version=live[broker].version or None,
-                topics=loads[broker].usage.topics if broker in loads else 0,
-            )
-            for broker in names
-        ]
-        placement = await self._placement(bundle)
-        selection = select_broker(bundle, candidates, loads, self._assignment, self._rng, placement)
-        if selection.broker is None:
-            raise LbdError(selection.reason)
-        return selection.broker, selection.reason
-
-    async def _placement(self, bundle: BundleId) -> Placement:
-        namespace = parse_bundle_id(bundle).namespace
-        try:
-            record = await self._namespaces.get(namespace)
-        except NotFoundError:
-            return Placement()
-        owners = {
-            b: v.dst_broker
-            for b, v in self._follower.table.items()
-            if v.state is _S.Owned and v.dst_broker is not None
-        }
-        return Placement(policies=record.policies, ownership=owners)
-
-    def _load_data(self) -> dict[BrokerId, BrokerLoadData]:
-        out: dict[BrokerId, BrokerLoadData] = {}
-        for key, raw in self._broker_loads.latest(self._clock.now_ms(), self._load_ttl_ms).items():
-            try:
-                data = BrokerLoadData.from_json(raw)
-            except InvalidInputError as e:
-                _log.warning("monitor: ignoring the malformed load value of %s: %s", key, e)
-                continue
-            out[data.broker] = data
-        return out
-
     # -- bookkeeping --------------------------------------------------------------------------
 
     async def _written(self, kind: str, write: Awaitable[object]) -> None:
@@ -318,7 +260,7 @@ class OwnershipMonitor:
 
     def _away_times(self, live: Mapping[BrokerId, BrokerInfo], now: float) -> dict[BrokerId, float]:
         """Seconds each unregistered broker named in the table has been away."""
-        named = {b for _, v in self._follower.table.items() if (b := _holder(v)) is not None}
+        named = set(self._follower.table.holders().values())
         away: dict[BrokerId, float] = {}
         for broker in named - set(live):
             since = self._registry.absent_since(broker)
@@ -352,43 +294,4 @@ class OwnershipMonitor:
         return self._follower.table.highest_term > term
 
     def _count(self, kind: str, result: str) -> None:
-        if self._metrics is not None:
-            self._metrics.channel_cleanup_ops.labels(kind=kind, result=result).inc()
-
-
-def _holder(value: ServiceUnitStateData) -> BrokerId | None:
-    """The broker a bundle depends on: its owner, or where an in-flight bundle is going (the
-    source of a Splitting or of a plain unload)."""
-    if value.state is _S.Owned or value.state.is_in_flight:
-        return value.dst_broker or value.source_broker
-    return None
-
-
-class CheckpointDuty:
-    """The leader duty that saves the channel table every ``checkpoint.interval_s``."""
-
-    name = "checkpoints"
-    """The leader duty's name."""
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        follower: ChannelFollower,
-        clock: Clock,
-        settings: CheckpointSettings,
-    ) -> None:
-        self._store = store
-        self._follower = follower
-        self._clock = clock
-        self._settings = settings
-
-    async def run_leading(self, term: int) -> None:
-        """Save a checkpoint every interval until cancelled."""
-        while True:
-            await self._clock.sleep(self._settings.interval_s)
-            if self._follower.table.highest_term > term:
-                continue  # deposed: the store would refuse it anyway
-            try:
-                await checkpoints.save(self._store, self._follower.table, term)
-            except UnavailableError as e:
-                _log.warning("checkpoint not saved: %s", e)
+        self._metrics.channel_cleanup_ops.labels(kind=kind, result=result).inc()

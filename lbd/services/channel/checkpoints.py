@@ -3,7 +3,7 @@
 The leader periodically saves the materialised table with the channel position it covers; a
 starting sidecar restores the newest one and replays only the channel after that position, and
 ends with exactly the table a full replay gives (the table's position check makes the overlap
-harmless).
+harmless). :class:`CheckpointDuty` is the leader duty that saves them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import logging
 from lbd.core.errors import InvalidInputError
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.ports.checkpoint import CheckpointStore, CorruptCheckpointError, StoredCheckpoint
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.services.channel.follower import ChannelFollower
 
 _log = logging.getLogger(__name__)
 
@@ -89,3 +92,29 @@ async def restore(store: CheckpointStore) -> StateTable:
         return StateTable()
     _log.info("restored checkpoint at %s with %d bundles", checkpoint.position, len(table))
     return table
+
+
+class CheckpointDuty:
+    """The leader duty that saves the channel table every ``interval_s`` under its term."""
+
+    name = "checkpoints"
+    """The leader duty's name."""
+
+    def __init__(
+        self, store: CheckpointStore, follower: ChannelFollower, clock: Clock, *, interval_s: float
+    ) -> None:
+        self._store = store
+        self._follower = follower
+        self._clock = clock
+        self._interval_s = interval_s
+
+    async def run_leading(self, term: int) -> None:
+        """Save a checkpoint every interval until cancelled."""
+        while True:
+            await self._clock.sleep(self._interval_s)
+            if self._follower.table.highest_term > term:
+                continue  # deposed: the store would refuse it anyway
+            try:
+                await save(self._store, self._follower.table, term)
+            except UnavailableError as e:
+                _log.warning("checkpoint not saved: %s", e)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from lbd.ports.clock import Clock
 from lbd.ports.metadata import MetadataStore
-from lbd.services.broker_link import BrokerLink
+from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
@@ -72,13 +72,13 @@ class Fence:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def states(self) -> AsyncIterator[bool]:
+    def states(self) -> AsyncGenerator[bool, None]:
         """Each change of :attr:`fenced` from the moment of this call on (True: fenced)."""
         queue: asyncio.Queue[bool] = asyncio.Queue()
         self._subscribers.add(queue)
         return self._drain(queue)
 
-    async def _drain(self, queue: asyncio.Queue[bool]) -> AsyncIterator[bool]:
+    async def _drain(self, queue: asyncio.Queue[bool]) -> AsyncGenerator[bool, None]:
         try:
             while True:
                 yield await queue.get()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from lbd.core.ids import BundleId
@@ -77,9 +77,12 @@ class ChannelFollower:
         """The bundle's current value (None: Init)."""
         return self._table.get(bundle)
 
-    async def start(self) -> None:
-        """Start following; returns at once (:meth:`wait_ready` waits for the catch-up)."""
+    async def start(self, table: StateTable | None = None) -> None:
+        """Start following, from ``table`` when given (a restored checkpoint) instead of the
+        table it was built with; returns at once (:meth:`wait_ready` waits for the catch-up)."""
         if self._task is None:
+            if table is not None:
+                self._table = table
             self._task = guard(self._run(), name=self._name, on_death=self._on_death)
 
     async def wait_ready(self) -> None:
@@ -105,10 +108,18 @@ class ChannelFollower:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def changes(self) -> AsyncIterator[ApplyResult]:
-        """Every accepted change from now on, in channel order (iterate promptly: unbounded)."""
+    def changes(self) -> AsyncGenerator[ApplyResult, None]:
+        """Every change accepted from the moment of this call on, in channel order.
+
+        Subscribes at once, not at the first iteration: a caller that reads the table right
+        after this call misses no change and sees none twice. Iterate promptly (the feed is
+        unbounded) and close the iterator when done.
+        """
         queue: asyncio.Queue[ApplyResult] = asyncio.Queue()
         self._subscribers.add(queue)
+        return self._drain(queue)
+
+    async def _drain(self, queue: asyncio.Queue[ApplyResult]) -> AsyncGenerator[ApplyResult, None]:
         try:
             while True:
                 yield await queue.get()

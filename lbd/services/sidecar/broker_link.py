@@ -3,8 +3,8 @@
 The API layer plugs the broker's gRPC stream into :meth:`BrokerLink.session` (converting
 protobuf to the core types of :mod:`lbd.core.broker`); everything else in the sidecar talks to
 the broker through :meth:`BrokerLink.own`, :meth:`BrokerLink.release` and
-:meth:`BrokerLink.close_bundle`, each of which waits for the broker's acknowledgement for at most
-``ack_timeout_s``.
+:meth:`BrokerLink.close_bundle`, each of which waits for the broker's acknowledgement for a bounded
+time (``broker.own_ack_timeout_s`` for Own, ``broker.release_ack_timeout_s`` for the others).
 
 With ``auto_ack`` and no broker attached the link acknowledges every command itself, so a sidecar
 can stand alone (demo, benchmarks); it still keeps the set of bundles it "serves". While fenced
@@ -17,7 +17,7 @@ import asyncio
 import enum
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from lbd.core.broker import (
@@ -35,7 +35,7 @@ from lbd.core.broker import (
 from lbd.core.errors import DeadlineError, InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.ports.clock import Clock
-from lbd.services.proposals import within
+from lbd.services.channel.proposals import within
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
@@ -81,10 +81,21 @@ class _Session:
 class BrokerLink:
     """This sidecar's broker: at most one session at a time, commands with bounded acks."""
 
-    def __init__(self, me: BrokerId, *, auto_ack: bool, ack_timeout_s: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        me: BrokerId,
+        *,
+        auto_ack: bool,
+        own_ack_timeout_s: float,
+        release_ack_timeout_s: float,
+        clock: Clock,
+    ) -> None:
+        """Own waits ``own_ack_timeout_s`` for its ack; Release and Close wait
+        ``release_ack_timeout_s``."""
         self._me = me
         self._auto_ack = auto_ack
-        self._ack_timeout_s = ack_timeout_s
+        self._own_ack_timeout_s = own_ack_timeout_s
+        self._release_ack_timeout_s = release_ack_timeout_s
         self._clock = clock
         self._session: _Session | None = None
         self._served: set[BundleId] = set()
@@ -135,7 +146,7 @@ class BrokerLink:
             return False
         if bundle in self._served:
             return True
-        ack = await self._command(OwnCommand(bundle))
+        ack = await self._command(OwnCommand(bundle), self._own_ack_timeout_s)
         if ack is None or not ack.ok:
             return False
         if self._fenced:
@@ -151,14 +162,14 @@ class BrokerLink:
         True once acknowledged; False on refusal, ack timeout or no broker. Either way the
         bundle no longer counts as served: the protocol moves on after the timeout.
         """
-        ack = await self._command(ReleaseCommand(bundle, new_owner))
+        ack = await self._command(ReleaseCommand(bundle, new_owner), self._release_ack_timeout_s)
         self._served.discard(bundle)
         return ack is not None and ack.ok
 
     async def close_bundle(self, bundle: BundleId, reason: str) -> None:
         """Tell the broker to stop serving ``bundle`` now (the ack is awaited, not required)."""
         self._served.discard(bundle)
-        ack = await self._command(CloseCommand(bundle, reason))
+        ack = await self._command(CloseCommand(bundle, reason), self._release_ack_timeout_s)
         if ack is not None and not ack.ok:
             _log.warning("broker %s did not close %s: %s", self._me, bundle, ack.error)
 
@@ -176,8 +187,9 @@ class BrokerLink:
         """Allow owning again (the reactor then re-owns what is still this broker's)."""
         self._fenced = False
 
-    async def _command(self, command: Command) -> CommandAck | None:
-        """Send ``command`` and wait for its ack; None when there was nobody to send it to."""
+    async def _command(self, command: Command, timeout_s: float) -> CommandAck | None:
+        """Send ``command`` and wait at most ``timeout_s`` for its ack; None when there was
+        nobody to send it to."""
         session = self._session
         if session is None:
             if self._auto_ack:
@@ -189,7 +201,7 @@ class BrokerLink:
         session.pending[command_id] = future
         session.outbox.put_nowait(SidecarMessage(command_id, command))
         try:
-            return await within(self._clock, self._ack_timeout_s, future, f"ack of {command}")
+            return await within(self._clock, timeout_s, future, f"ack of {command}")
         except DeadlineError as e:
             _log.warning("broker %s: %s", self._me, e)
             return CommandAck(command_id, ok=False, error=str(e))
@@ -198,13 +210,13 @@ class BrokerLink:
 
     # -- the session ----------------------------------------------------------------------
 
-    def events(self) -> AsyncIterator[LinkEvent]:
+    def events(self) -> AsyncGenerator[LinkEvent, None]:
         """Every attach and detach from the moment of this call on."""
         queue: asyncio.Queue[LinkEvent] = asyncio.Queue()
         self._subscribers.add(queue)
         return self._drain(queue)
 
-    async def _drain(self, queue: asyncio.Queue[LinkEvent]) -> AsyncIterator[LinkEvent]:
+    async def _drain(self, queue: asyncio.Queue[LinkEvent]) -> AsyncGenerator[LinkEvent, None]:
         try:
             while True:
                 yield await queue.get()

@@ -23,7 +23,7 @@ from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.services.follower import ChannelFollower
+from lbd.services.channel.follower import ChannelFollower
 
 _log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The ownership reactor: carries out the channel values that name this sidecar's broker.
+"""The ownership reactor: per-bundle reconciliation of this sidecar's broker with the table.
 
 Who writes what (docs/sidecar.md, "Ownership protocol"): on ``Assigning(dst=me)`` the broker is
 told to Own and, once it acknowledged, ``Owned(me)`` is proposed; on ``Releasing(src=me)`` the
@@ -10,34 +10,31 @@ broker is reconciled with the table: it serves exactly the bundles that are ``Ow
 
 Each bundle has at most one worker at a time, acting on the bundle's *current* value, so a
 burst of changes of one bundle is handled once, and slow acks of one bundle never hold up others.
-
-The reactor also keeps the broker's registration: registered while a broker is attached (or
-always, with auto-ack), deregistered when its session ends.
+(Whether the broker is registered at all is :mod:`lbd.services.sidecar.registration`'s job.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import replace
+from collections.abc import AsyncGenerator
 
 from lbd.core.broker import BrokerInfo
-from lbd.core.bundles import parse_bundle_id
+from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of
 from lbd.core.table import ApplyResult
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.services.broker_link import BrokerLink, LinkEvent, LinkEventKind
-from lbd.services.fencing import Fence
-from lbd.services.follower import ChannelFollower
-from lbd.services.namespaces import NamespaceService
-from lbd.services.proposals import Proposer
-from lbd.services.registry import BrokerRegistry
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
+from lbd.services.sidecar.fencing import Fence
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
@@ -48,21 +45,6 @@ _S = ServiceUnitState
 def names(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
     """Whether ``value`` names ``broker`` as its dst or source broker."""
     return value is not None and broker in (value.dst_broker, value.source_broker)
-
-
-def split_points(parent: BundleId, children: Mapping[BundleId, object]) -> list[int]:
-    """The points at which ``children`` cut ``parent``; InvalidInputError unless they tile it."""
-    whole = parse_bundle_id(parent)
-    parts = sorted(parse_bundle_id(child) for child in children)
-    if len(parts) < 2:
-        raise InvalidInputError(f"split of {parent}: needs at least 2 children, got {len(parts)}")
-    if any(p.namespace != whole.namespace for p in parts):
-        raise InvalidInputError(f"split of {parent}: children of another namespace")
-    edges = [(p.range.lo, p.range.hi) for p in parts]
-    tiles = all(a[1] == b[0] for a, b in itertools.pairwise(edges))
-    if edges[0][0] != whole.range.lo or edges[-1][1] != whole.range.hi or not tiles:
-        raise InvalidInputError(f"split of {parent}: children {sorted(children)} do not tile it")
-    return [lo for lo, _ in edges[1:]]
 
 
 class OwnershipReactor:
@@ -78,15 +60,11 @@ class OwnershipReactor:
         registry: BrokerRegistry,
         namespaces: NamespaceService,
         clock: Clock,
-        self_info: BrokerInfo | None = None,
-        sidecar_grpc_addr: str = "",
-        fence: Fence | None = None,
-        retry_s: float = 1.0,
-        metrics: Metrics | None = None,
+        fence: Fence,
+        retry_s: float,
+        metrics: Metrics,
     ) -> None:
-        """``self_info`` is registered with auto-ack while no broker is attached (default: the
-        bare id); ``sidecar_grpc_addr`` is filled into registrations that lack it; ``retry_s`` is
-        the pause before retrying a registration or a proposal that met an outage."""
+        """``retry_s`` is the pause before retrying a proposal that met an outage."""
         self._me = me
         self._metrics = metrics
         self._follower = follower
@@ -95,8 +73,6 @@ class OwnershipReactor:
         self._registry = registry
         self._namespaces = namespaces
         self._clock = clock
-        self._self_info = self_info or BrokerInfo(me)
-        self._sidecar_grpc_addr = sidecar_grpc_addr
         self._fence = fence
         self._retry_s = retry_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,7 +82,6 @@ class OwnershipReactor:
         self._idle.set()
         self._released: dict[BundleId, int] = {}
         self._splitting_children: set[BundleId] = set()
-        self._registration: asyncio.Task[None] | None = None
         self.release_timeouts = 0
         """Releases that moved on without the broker's acknowledgement (timeout or refusal)."""
 
@@ -116,23 +91,24 @@ class OwnershipReactor:
         """Start reacting: reconcile every bundle now, then after every change."""
         if self._tasks:
             return
+        # Each feed subscribes when called, and the table is read right after without an
+        # await: no change falls between the first reconciliation and the feed.
+        changes = self._follower.changes()
         link_events = self._link.events()
-        fence_states = self._fence.states() if self._fence is not None else None
-        self._tasks.append(guard(self._follow_changes(), name=f"ownership-reactor-{self._me}"))
-        self._tasks.append(guard(self._follow_link(link_events), name=f"broker-link-{self._me}"))
-        if fence_states is not None:
-            self._tasks.append(guard(self._follow_fence(fence_states), name=f"fence-{self._me}"))
-        if self._link.auto_ack and not self._link.attached:
-            self._register(self._self_info)
+        fence_states = self._fence.states()
+        await self.reconcile()
+        self._tasks = [
+            guard(self._follow_changes(changes), name=f"ownership-reactor-{self._me}"),
+            guard(self._follow_link(link_events), name=f"broker-link-{self._me}"),
+            guard(self._follow_fence(fence_states), name=f"fence-{self._me}"),
+        ]
 
     async def close(self) -> None:
         """Stop reacting (in-progress work is cancelled). Idempotent."""
         tasks, self._tasks = self._tasks, []
-        registration, self._registration = self._registration, None
         workers = list(self._workers.values())
         for task in [*tasks, *workers]:
             await cancel_and_wait(task)
-        await cancel_and_wait(registration)
 
     async def __aenter__(self) -> OwnershipReactor:
         await self.start()
@@ -161,21 +137,10 @@ class OwnershipReactor:
 
     # -- following ---------------------------------------------------------------------------
 
-    async def _follow_changes(self) -> None:
-        changes = self._follower.changes()
-        # The subscription starts when the generator first runs: let it, then look at the
-        # table, so that no change falls between the two.
-        first = asyncio.ensure_future(anext(changes))
-        try:
-            await asyncio.sleep(0)
-            await self.reconcile()
-            result = await first
-            while True:
+    async def _follow_changes(self, changes: AsyncGenerator[ApplyResult, None]) -> None:
+        async with contextlib.aclosing(changes):
+            async for result in changes:
                 self._on_change(result)
-                result = await anext(changes)
-        finally:
-            # Cancelling a pending anext ends the generator (and its subscription) with it.
-            first.cancel()
 
     def _on_change(self, result: ApplyResult) -> None:
         bundle = result.key
@@ -190,48 +155,17 @@ class OwnershipReactor:
         ):
             self._kick(bundle)
 
-    async def _follow_link(self, events: AsyncIterator[LinkEvent]) -> None:
-        async for event in events:
-            if event.kind is LinkEventKind.ATTACHED and event.info is not None:
-                self._register(event.info)
-                await self.reconcile()
-            elif event.kind is LinkEventKind.DETACHED:
-                if self._link.auto_ack:
-                    self._register(self._self_info)
-                else:
-                    await self._deregister()
+    async def _follow_link(self, events: AsyncGenerator[LinkEvent, None]) -> None:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.kind is LinkEventKind.ATTACHED:
+                    await self.reconcile()
 
-    async def _follow_fence(self, states: AsyncIterator[bool]) -> None:
-        async for fenced in states:
-            if not fenced:
-                await self.reconcile()
-
-    # -- registration ------------------------------------------------------------------------
-
-    def _register(self, info: BrokerInfo) -> None:
-        if not info.sidecar_grpc_addr and self._sidecar_grpc_addr:
-            info = replace(info, sidecar_grpc_addr=self._sidecar_grpc_addr)
-        if self._registration is not None:
-            self._registration.cancel()
-        self._registration = guard(self._keep_registering(info), name=f"register-{self._me}")
-
-    async def _keep_registering(self, info: BrokerInfo) -> None:
-        while True:
-            try:
-                await self._registry.register(info)
-                return
-            except UnavailableError as e:
-                _log.warning("registering %s failed, retrying: %s", info.broker_id, e)
-                await self._clock.sleep(self._retry_s)
-
-    async def _deregister(self) -> None:
-        registration, self._registration = self._registration, None
-        await cancel_and_wait(registration)
-        try:
-            await self._registry.deregister(self._me)
-        except UnavailableError as e:
-            # The registration lives under the lease: it vanishes with it if etcd stays away.
-            _log.warning("deregistering %s failed: %s", self._me, e)
+    async def _follow_fence(self, states: AsyncGenerator[bool, None]) -> None:
+        async with contextlib.aclosing(states):
+            async for fenced in states:
+                if not fenced:
+                    await self.reconcile()
 
     # -- per-bundle work ---------------------------------------------------------------------
 
@@ -261,7 +195,7 @@ class OwnershipReactor:
 
     @property
     def _fenced(self) -> bool:
-        return self._link.fenced or (self._fence is not None and self._fence.fenced)
+        return self._link.fenced or self._fence.fenced
 
     async def _settle(self, bundle: BundleId) -> None:
         value = self._follower.get(bundle)
@@ -319,12 +253,10 @@ class OwnershipReactor:
             new_owner = None if dst is None else (self._registry.get(dst) or BrokerInfo(dst))
             started = self._clock.monotonic()
             acked = await self._link.release(bundle, new_owner)
-            if self._metrics is not None:
-                self._metrics.release_latency.observe(self._clock.monotonic() - started)
+            self._metrics.release_latency.observe(self._clock.monotonic() - started)
             if not acked:
                 self.release_timeouts += 1
-                if self._metrics is not None:
-                    self._metrics.release_ack_timeouts.inc()
+                self._metrics.release_ack_timeouts.inc()
                 _log.warning("%s: release not acknowledged by %s; moving on", bundle, self._me)
             self._released[bundle] = value.version_id
         if value.dst_broker is not None:
@@ -359,11 +291,10 @@ class OwnershipReactor:
             _log.warning("%s: the broker did not take every child; split not finished", parent)
             return
         for child in children:
-            current = self._follower.get(child)
-            if current is not None and current.state is _S.Owned and current.dst_broker == self._me:
+            if owner_of(self._follower.get(child)) == self._me:
                 continue
             await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
-        lost = [c for c in children if not _owned_by(self._follower.get(c), self._me)]
+        lost = [c for c in children if owner_of(self._follower.get(c)) != self._me]
         if lost:
             _log.error(
                 "%s: children %s are not Owned by %s; split not finished", parent, lost, self._me
@@ -380,7 +311,3 @@ class OwnershipReactor:
         await self._propose_next(parent, value, _S.Deleted, src=self._me)
         await self._link.close_bundle(parent, f"split into {', '.join(children)}")
         _log.info("%s: split into %s, owned by %s", parent, ", ".join(children), self._me)
-
-
-def _owned_by(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
-    return value is not None and value.state is _S.Owned and value.dst_broker == broker

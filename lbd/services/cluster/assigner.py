@@ -1,0 +1,172 @@
+"""The one place a broker is chosen for a bundle, and where ``Assigning(dst)`` is proposed.
+
+Lookups, the Admin Assign call and the leader's orphan and stuck-state repair all come here, so
+every assignment passes the same filters (:func:`lbd.core.assign.select_broker`): max topics per
+broker, the required broker version, the cluster's namespace isolation policies and the
+anti-affinity groups, then least resource usage among the brokers with fresh load data.
+
+What happens after the proposal is the destination's business: its sidecar's ownership reactor
+(:mod:`lbd.services.sidecar.ownership`) sees ``Assigning(dst=it)``, tells its broker to Own the
+bundle and, once the broker acknowledged, proposes ``Owned(it)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Collection, Mapping
+
+from lbd.core.assign import BrokerCandidate, Placement, Selection, select_broker
+from lbd.core.broker import BrokerInfo
+from lbd.core.bundles import parse_bundle_id
+from lbd.core.errors import NotFoundError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.namespace import NamespaceRecord
+from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import AssignmentConfig
+from lbd.ports.errors import UnavailableError
+from lbd.ports.history import HistoryRecorder
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.loads import LoadView
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+
+_log = logging.getLogger(__name__)
+
+
+class Assigner:
+    """Chooses brokers for bundles and proposes the assignments."""
+
+    def __init__(
+        self,
+        *,
+        follower: ChannelFollower,
+        proposer: Proposer,
+        registry: BrokerRegistry,
+        namespaces: NamespaceService,
+        loads: LoadView,
+        config: AssignmentConfig,
+        rng: random.Random,
+        history: HistoryRecorder,
+    ) -> None:
+        self._follower = follower
+        self._proposer = proposer
+        self._registry = registry
+        self._namespaces = namespaces
+        self._loads = loads
+        self._config = config
+        self._rng = rng
+        self._history = history
+        self.proposals = 0
+        """Assignments this sidecar proposed."""
+
+    async def choose(
+        self,
+        bundle: BundleId,
+        *,
+        among: Mapping[BrokerId, BrokerInfo] | None = None,
+        avoid: BrokerId | None = None,
+        exclude: Collection[BrokerId] = (),
+    ) -> Selection:
+        """Choose a broker for ``bundle`` among ``among`` (default: every registered broker)
+        less ``exclude``; ``avoid`` is left out too unless it is the only one left.
+
+        Raises UnavailableError when no broker passes the filters (the reason says which
+        filter left none), NotFoundError when the bundle's namespace does not exist.
+        """
+        records = await self._namespaces.list()
+        return self._choose(bundle, records, among=among, avoid=avoid, exclude=exclude)
+
+    def _choose(
+        self,
+        bundle: BundleId,
+        records: list[NamespaceRecord],
+        *,
+        among: Mapping[BrokerId, BrokerInfo] | None = None,
+        avoid: BrokerId | None = None,
+        exclude: Collection[BrokerId] = (),
+    ) -> Selection:
+        brokers = dict(self._registry.brokers() if among is None else among)
+        for broker in exclude:
+            brokers.pop(broker, None)
+        if avoid is not None and len(brokers) > 1:
+            brokers.pop(avoid, None)
+        record = _record_of(bundle, records)
+        loads = self._loads.brokers()
+        candidates = [
+            BrokerCandidate(
+                broker,
+                version=info.version or None,
+                topics=loads[broker].usage.topics if broker in loads else 0,
+            )
+            for broker, info in sorted(brokers.items())
+        ]
+        selection = select_broker(
+            bundle, candidates, loads, self._config, self._rng, self._placement(record, records)
+        )
+        if selection.broker is None:
+            raise UnavailableError(f"no broker can take {bundle}: {selection.reason}")
+        return selection
+
+    async def assign(
+        self,
+        bundle: BundleId,
+        dst: BrokerId | None,
+        *,
+        reason: str,
+        exclude: Collection[BrokerId] = (),
+    ) -> bool:
+        """Propose ``Assigning(dst)`` for an Init or Free ``bundle`` (``dst`` None: a chosen
+        broker, never one of ``exclude``); False when the bundle is no longer in its namespace's
+        layout (it was split: the caller reads the layout again).
+
+        Raises UnavailableError in safe mode (the registry cannot be trusted to say who is alive)
+        or when no broker can take it, NotFoundError when the namespace does not exist.
+        """
+        if not self._registry.reachable:
+            raise UnavailableError(
+                f"metadata store unreachable (safe mode): no new assignment of {bundle}"
+            )
+        parsed = parse_bundle_id(bundle)
+        # A layout read before a split may still hold the parent, whose value may even have
+        # been tombstoned since: never assign a bundle the layout does not hold now.
+        records = await self._namespaces.list()
+        record = _record_of(bundle, records)
+        try:
+            record.bundles().index(parsed.range)
+        except NotFoundError:
+            _log.info("%s is no longer in the layout of %s", bundle, parsed.namespace)
+            return False
+        if dst is None:
+            selection = self._choose(bundle, records, exclude=exclude)
+            assert selection.broker is not None
+            dst = selection.broker
+            _log.info("assigning %s", selection.reason)
+        await self._proposer.propose(bundle, ServiceUnitState.Assigning, dst=dst)
+        self.proposals += 1
+        self._history.record_decision("assign", bundle, reason=reason, dst=dst)
+        return True
+
+    def _placement(self, record: NamespaceRecord, records: list[NamespaceRecord]) -> Placement:
+        groups = {
+            r.name: r.policies.anti_affinity_group
+            for r in records
+            if r.policies.anti_affinity_group is not None
+        }
+        return Placement(
+            policies=record.policies,
+            cluster_isolation=tuple(
+                r.policies.isolation for r in records if r.policies.isolation is not None
+            ),
+            ownership=self._follower.table.owners() if record.policies.anti_affinity_group else {},
+            anti_affinity_groups=groups,
+        )
+
+
+def _record_of(bundle: BundleId, records: list[NamespaceRecord]) -> NamespaceRecord:
+    namespace = parse_bundle_id(bundle).namespace
+    record = next((r for r in records if r.name == namespace), None)
+    if record is None:
+        raise NotFoundError(f"namespace {namespace} does not exist")
+    return record

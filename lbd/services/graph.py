@@ -1,0 +1,353 @@
+"""The one wiring of a sidecar: every service, built from ports, plain config, a clock and an rng.
+
+:func:`build_sidecar` is called by ``lbd serve`` (with the etcd and Pulsar adapters), by every
+test harness and by the simulator (with the in-memory adapters). Nothing else constructs the
+services of a sidecar, so what runs in tests is what runs in production.
+
+Start order (:meth:`Sidecar.start`), each step needing the ones before:
+
+1. the channel: the newest checkpoint restored, the follower caught up with the channel;
+2. the metadata session (grants the lease), the load topics, the registry, ``public/default``;
+3. the session watcher, then ownership: the reactor reconciles the broker with the table, the
+   registration follows the broker link, the fence watches the lease;
+4. this broker's load reports and split scheduler, then the leader election (whose duties are the
+   shedder, the ownership monitor and checkpoints).
+
+:meth:`Sidecar.close` stops them in reverse, deregistering the broker before the lease goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lbd.core.broker import BrokerInfo
+from lbd.core.ids import BrokerId
+from lbd.core.names import NamespaceName
+from lbd.core.state import owner_of
+from lbd.core.table import ApplyResult
+from lbd.core.tuning import SidecarConfig
+from lbd.metrics import Metrics
+from lbd.ports.channel import ChannelLog
+from lbd.ports.checkpoint import CheckpointStore
+from lbd.ports.clock import Clock
+from lbd.ports.errors import SessionExpiredError
+from lbd.ports.history import HistoryRecorder, NoHistory
+from lbd.ports.loadstore import LoadStore
+from lbd.ports.metadata import MetadataStore
+from lbd.services.channel import checkpoints
+from lbd.services.channel.checkpoints import CheckpointDuty
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.assigner import Assigner
+from lbd.services.cluster.loads import LoadView
+from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.leader.election import LeaderElector
+from lbd.services.leader.monitor import OwnershipMonitor
+from lbd.services.leader.shedding import UnloadScheduler
+from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.fencing import Fence
+from lbd.services.sidecar.loadreport import LoadReporter, UsageSampler
+from lbd.services.sidecar.lookup import LookupService
+from lbd.services.sidecar.operations import Operations
+from lbd.services.sidecar.ownership import OwnershipReactor
+from lbd.services.sidecar.registration import BrokerRegistration
+from lbd.services.sidecar.session import SessionWatcher
+from lbd.services.sidecar.splitting import SplitScheduler
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = NamespaceName("public", "default")
+"""Ensured at start, as Pulsar's standalone creates it, so a first lookup needs no admin step."""
+
+OnDeath = Callable[[str, BaseException], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarPorts:
+    """The outside systems of one sidecar, built but not started."""
+
+    metadata: MetadataStore
+    channel: ChannelLog
+    broker_loads: LoadStore
+    top_bundles: LoadStore
+    checkpoints: CheckpointStore
+
+
+@dataclass(eq=False)
+class Sidecar:
+    """Every service of one sidecar, as :func:`build_sidecar` wired them."""
+
+    me: BrokerId
+    info: BrokerInfo
+    """What this sidecar registers for its broker while it stands alone (auto-ack)."""
+    config: SidecarConfig
+    ports: SidecarPorts
+    clock: Clock
+    metrics: Metrics
+    follower: ChannelFollower
+    proposer: Proposer
+    registry: BrokerRegistry
+    namespaces: NamespaceService
+    loads: LoadView
+    assigner: Assigner
+    link: BrokerLink
+    fence: Fence
+    session: SessionWatcher
+    reactor: OwnershipReactor
+    registration: BrokerRegistration
+    lookup: LookupService
+    operations: Operations
+    reporter: LoadReporter
+    splitter: SplitScheduler
+    unload_scheduler: UnloadScheduler
+    monitor: OwnershipMonitor
+    checkpointing: CheckpointDuty
+    elector: LeaderElector
+    _stack: contextlib.AsyncExitStack | None = None
+
+    async def start(self) -> None:
+        """Start every part in order (see the module docstring); on failure, stop what started.
+
+        Raises UnavailableError when etcd or Pulsar cannot be reached.
+        """
+        if self._stack is not None:
+            return
+        async with contextlib.AsyncExitStack() as stack:
+            table = await checkpoints.restore(self.ports.checkpoints)
+            stack.push_async_callback(self.ports.channel.close)
+            await self._started(stack, self.follower, table)
+            await self.follower.wait_ready()
+            await self._started(stack, self.ports.metadata)  # closing it revokes the lease
+            await self._started(stack, self.loads)
+            await self._started(stack, self.registry)
+            await self.namespaces.ensure(DEFAULT_NAMESPACE, self.config.default_namespace_bundles)
+            await self._started(stack, self.session)
+            await self._started(stack, self.reactor)
+            stack.push_async_callback(self.registration.deregister)  # after it stopped following
+            await self._started(stack, self.registration)
+            await self._started(stack, self.fence)
+            await self._started(stack, self.reporter)
+            await self._started(stack, self.splitter)
+            await self._started(stack, self.elector)
+            observer = guard(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
+            stack.push_async_callback(cancel_and_wait, observer)
+            self._stack = stack.pop_all()
+
+    async def close(self) -> None:
+        """Stop every part in reverse order. Idempotent."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> Sidecar:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    async def _started(stack: contextlib.AsyncExitStack, part: Any, *args: Any) -> None:
+        """Start ``part`` and have the stack close it."""
+        await part.start(*args)
+        stack.push_async_callback(part.close)
+
+
+def build_sidecar(
+    info: BrokerInfo,
+    ports: SidecarPorts,
+    config: SidecarConfig,
+    clock: Clock,
+    rng: random.Random,
+    *,
+    metrics: Metrics | None = None,
+    history: HistoryRecorder | None = None,
+    host: UsageSampler | None = None,
+    on_death: OnDeath | None = None,
+    on_session_expired: Callable[[SessionExpiredError], None] | None = None,
+) -> Sidecar:
+    """Wire every service of the sidecar of ``info.broker_id``; nothing is started.
+
+    ``rng`` decides every random choice (assignment, shedding). ``metrics`` defaults to a
+    private registry and ``history`` to recording nothing; ``host`` measures the host while no
+    broker reports (default: this machine). ``on_death`` hears of a vital task's death and
+    ``on_session_expired`` of the metadata session's end under the ``shutdown`` policy (the
+    daemon stops on either).
+    """
+    me = info.broker_id
+    timings = config.timings
+    metrics = metrics if metrics is not None else Metrics()
+    history = history if history is not None else NoHistory()
+    follower = ChannelFollower(ports.channel, name=f"channel-follower-{me}", on_death=on_death)
+    metrics.track_follower(follower.stats)
+    proposer = Proposer(ports.channel, follower, clock, metrics=metrics)
+    registry = BrokerRegistry(ports.metadata, clock)
+    namespaces = NamespaceService(ports.metadata, config.default_namespace_bundles)
+    loads = LoadView(
+        ports.broker_loads, ports.top_bundles, clock, ttl_s=config.shedding.load_data_ttl_s
+    )
+    assigner = Assigner(
+        follower=follower,
+        proposer=proposer,
+        registry=registry,
+        namespaces=namespaces,
+        loads=loads,
+        config=config.assignment,
+        rng=rng,
+        history=history,
+    )
+    link = BrokerLink(
+        me,
+        auto_ack=config.auto_ack,
+        own_ack_timeout_s=timings.own_ack_timeout_s,
+        release_ack_timeout_s=timings.release_ack_timeout_s,
+        clock=clock,
+    )
+    fence = Fence(
+        ports.metadata,
+        link,
+        clock,
+        fence_after_s=timings.fence_after_s,
+        check_interval_s=timings.fence_check_interval_s,
+    )
+    lookup = LookupService(
+        me,
+        follower=follower,
+        proposer=proposer,
+        registry=registry,
+        namespaces=namespaces,
+        assigner=assigner,
+        fence=fence,
+        clock=clock,
+        settle_timeout_s=timings.settle_timeout_s,
+        metrics=metrics,
+    )
+    operations = Operations(
+        me,
+        follower=follower,
+        proposer=proposer,
+        registry=registry,
+        namespaces=namespaces,
+        lookup=lookup,
+        link=link,
+        split_config=config.split,
+        settle_timeout_s=timings.settle_timeout_s,
+        history=history,
+        metrics=metrics,
+    )
+    unload_scheduler = UnloadScheduler(
+        proposer,
+        follower,
+        registry,
+        loads,
+        clock,
+        config.shedding,
+        strategy=config.shedding_strategy,
+        interval_s=config.shedding_interval_s,
+        metrics=metrics,
+        rng=rng,
+        history=history,
+    )
+    monitor = OwnershipMonitor(
+        proposer, follower, registry, namespaces, assigner, clock, config.monitor, metrics=metrics
+    )
+    checkpointing = CheckpointDuty(
+        ports.checkpoints, follower, clock, interval_s=config.checkpoint_interval_s
+    )
+    return Sidecar(
+        me=me,
+        info=info,
+        config=config,
+        ports=ports,
+        clock=clock,
+        metrics=metrics,
+        follower=follower,
+        proposer=proposer,
+        registry=registry,
+        namespaces=namespaces,
+        loads=loads,
+        assigner=assigner,
+        link=link,
+        fence=fence,
+        session=SessionWatcher(ports.metadata, on_expired=on_session_expired or _ignore),
+        reactor=OwnershipReactor(
+            me,
+            follower=follower,
+            proposer=proposer,
+            link=link,
+            registry=registry,
+            namespaces=namespaces,
+            clock=clock,
+            fence=fence,
+            retry_s=timings.retry_s,
+            metrics=metrics,
+        ),
+        registration=BrokerRegistration(
+            link, registry, clock, self_info=info, retry_s=timings.retry_s
+        ),
+        lookup=lookup,
+        operations=operations,
+        reporter=LoadReporter(
+            me,
+            link,
+            loads,
+            clock,
+            interval_s=config.load_report_interval_s,
+            top_bundles=config.top_bundles_per_report,
+            metrics=metrics,
+            history=history,
+            host=host,
+            on_death=on_death,
+        ),
+        splitter=SplitScheduler(
+            me,
+            operations,
+            follower,
+            link,
+            namespaces,
+            clock,
+            config.split,
+            interval_s=config.split_interval_s,
+            on_death=on_death,
+        ),
+        unload_scheduler=unload_scheduler,
+        monitor=monitor,
+        checkpointing=checkpointing,
+        elector=LeaderElector(
+            me,
+            ports.metadata,
+            follower,
+            clock,
+            (unload_scheduler, monitor, checkpointing),
+            metrics=metrics,
+            retry_s=timings.retry_s,
+            on_death=on_death,
+        ),
+    )
+
+
+def _ignore(error: SessionExpiredError) -> None:
+    _log.error("metadata session over, and nobody to stop: %s", error)
+
+
+async def _count_owned(follower: ChannelFollower, metrics: Metrics, me: BrokerId) -> None:
+    """Count applied channel changes and keep ``lbd_owned_bundles`` (bundles Owned by ``me``).
+
+    Kept on the event loop rather than read at scrape time: scrapes run in the HTTP server's
+    thread, which must not iterate a table the loop is changing.
+    """
+    changes: AsyncGenerator[ApplyResult, None] = follower.changes()
+    owned = sum(1 for _, value in follower.table.items() if owner_of(value) == me)
+    metrics.owned_bundles.set(owned)
+    async with contextlib.aclosing(changes):
+        async for change in changes:
+            metrics.observe_applied(None if change.new is None else change.new.state)
+            owned += int(owner_of(change.new) == me) - int(owner_of(change.old) == me)
+            metrics.owned_bundles.set(owned)

@@ -1,0 +1,1 @@
+"""What only the elected leader runs: the election itself, shedding and the ownership monitor."""

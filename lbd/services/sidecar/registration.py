@@ -1,0 +1,110 @@
+"""Broker registration: ``brokers/<me>`` exists exactly while this sidecar's broker can serve.
+
+A registered broker is an assignment candidate, so the registration follows the broker link: it
+is written when a broker says Hello (with what the broker said about itself) and removed when its
+session ends. With ``broker.auto_ack`` the sidecar stands in for an absent broker and keeps a
+registration of its own configured info instead.
+
+A registration that meets an outage is retried every ``retry_s`` until it lands; the lease it
+lives under is the metadata session's (:mod:`lbd.adapters.session`), which re-registers it by
+itself after a lease loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+
+from lbd.core.broker import BrokerInfo
+from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
+from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
+from lbd.tasks import cancel_and_wait, guard
+
+_log = logging.getLogger(__name__)
+
+
+class BrokerRegistration:
+    """Keeps this sidecar's broker registered while it is attached (or always, with auto-ack)."""
+
+    def __init__(
+        self,
+        link: BrokerLink,
+        registry: BrokerRegistry,
+        clock: Clock,
+        *,
+        self_info: BrokerInfo,
+        retry_s: float,
+    ) -> None:
+        """``self_info`` is registered with auto-ack while no broker is attached; its
+        ``sidecar_grpc_addr`` is filled into a broker's own info when that lacks one."""
+        self._link = link
+        self._registry = registry
+        self._clock = clock
+        self._self_info = self_info
+        self._retry_s = retry_s
+        self._task: asyncio.Task[None] | None = None
+        self._registration: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Follow the broker link; with auto-ack and no broker, register ``self_info`` now."""
+        if self._task is not None:
+            return
+        events = self._link.events()
+        self._task = guard(self._follow(events), name=f"registration-{self._link.me}")
+        if self._link.auto_ack and not self._link.attached:
+            self._register(self._self_info)
+
+    async def close(self) -> None:
+        """Stop following (the registration stays until the lease goes). Idempotent."""
+        task, self._task = self._task, None
+        registration, self._registration = self._registration, None
+        await cancel_and_wait(task)
+        await cancel_and_wait(registration)
+
+    async def __aenter__(self) -> BrokerRegistration:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def deregister(self) -> None:
+        """Remove the registration now (best effort: it vanishes with the lease anyway)."""
+        registration, self._registration = self._registration, None
+        await cancel_and_wait(registration)
+        try:
+            await self._registry.deregister(self._link.me)
+        except UnavailableError as e:
+            _log.warning("deregistering %s failed: %s", self._link.me, e)
+
+    async def _follow(self, events: AsyncGenerator[LinkEvent, None]) -> None:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if event.kind is LinkEventKind.ATTACHED and event.info is not None:
+                    self._register(event.info)
+                elif event.kind is LinkEventKind.DETACHED:
+                    if self._link.auto_ack:
+                        self._register(self._self_info)
+                    else:
+                        await self.deregister()
+
+    def _register(self, info: BrokerInfo) -> None:
+        if not info.sidecar_grpc_addr and self._self_info.sidecar_grpc_addr:
+            info = replace(info, sidecar_grpc_addr=self._self_info.sidecar_grpc_addr)
+        if self._registration is not None:
+            self._registration.cancel()
+        self._registration = guard(self._keep_registering(info), name=f"register-{info.broker_id}")
+
+    async def _keep_registering(self, info: BrokerInfo) -> None:
+        while True:
+            try:
+                await self._registry.register(info)
+                return
+            except UnavailableError as e:
+                _log.warning("registering %s failed, retrying: %s", info.broker_id, e)
+                await self._clock.sleep(self._retry_s)
