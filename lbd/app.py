@@ -7,7 +7,7 @@ sidecar, then serves gRPC (health SERVING, NOT_SERVING again while fenced) and `
 SIGTERM or SIGINT stops it within a bounded time: gRPC drains for ``grpc.shutdown_grace_s``, the
 sidecar's parts close in reverse order (the broker is deregistered, the lease revoked), and the
 connections close. A vital task's death stops it the same way, loudly, with exit code 1; the end
-of the metadata session under ``etcd.session_expired_policy = shutdown`` with exit code 2.
+of the metadata session under ``etcd.session_expired_policy = shutdown`` with exit code 3.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_DIED = 1
 """A vital task died."""
-EXIT_SESSION_EXPIRED = 2
+EXIT_SESSION_EXPIRED = 3
 """The metadata session ended for good (``etcd.session_expired_policy = shutdown``)."""
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -66,7 +66,7 @@ class Death:
 
 def serve(settings: Settings) -> int:
     """Run the sidecar until SIGTERM/SIGINT (exit 0), a vital part's death (exit 1) or the end of
-    its metadata session under the ``shutdown`` policy (exit 2)."""
+    its metadata session under the ``shutdown`` policy (exit 3)."""
     daemon = Daemon(settings, broker_id_of(settings), advertised_addr(settings))
     return _run(daemon.run())
 

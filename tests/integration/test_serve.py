@@ -144,3 +144,58 @@ def test_serve_without_broker_id_is_a_usage_error(etcd_server: EtcdServer) -> No
     assert done.returncode == 2, done.stderr
     assert "broker" in done.stderr and "--broker-id" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def registered_lease(etcd: EtcdServer, cluster: str) -> int:
+    """The lease the broker's registration lives under."""
+    import asyncio
+
+    async def get() -> int:
+        client = aetcd.Client(etcd.host, etcd.port, timeout=5)
+        try:
+            kv = await client.get(f"/lbd/{cluster}/brokers/{BROKER}".encode())
+            assert kv is not None, "the broker is not registered"
+            return int(kv.lease)
+        finally:
+            await client.close()
+
+    return asyncio.run(get())
+
+
+def revoke(etcd: EtcdServer, lease: int) -> None:
+    """Revoke ``lease`` as an operator (or an etcd that expired it) would."""
+    import asyncio
+
+    async def run() -> None:
+        client = aetcd.Client(etcd.host, etcd.port, timeout=5)
+        try:
+            await client.revoke_lease(lease)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_the_shutdown_policy_ends_serve_when_the_lease_is_lost(
+    etcd_server: EtcdServer, pulsar_server: PulsarLiteServer, tmp_path: Path
+) -> None:
+    env = {
+        "LBD_ETCD__SESSION_EXPIRED_POLICY": "shutdown",
+        "LBD_ETCD__RECONNECT_RETRIES": "0",
+        "LBD_ETCD__LEASE_TTL_S": "6",
+        "LBD_ETCD__KEEPALIVE_INTERVAL_S": "1",
+        "LBD_ETCD__REQUEST_TIMEOUT_S": "1",
+        "LBD_ETCD__FENCE_AFTER_S": "6",
+        "LBD_MONITOR__ORPHAN_CLEANUP_GRACE_S": "15",
+    }
+    with serve_process(etcd_server, pulsar_server, tmp_path, BROKER, env) as sidecar:
+        wait_serving(sidecar)
+        revoke(etcd_server, registered_lease(etcd_server, sidecar.cluster))
+        try:
+            code = sidecar.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"lbd serve kept running without its session:\n{sidecar.log_text()}")
+        log = sidecar.log_text()
+    assert code == 3, log
+    assert "etcd.session_expired_policy = shutdown" in log, log
+    assert "Traceback" not in log, log

@@ -71,7 +71,7 @@ class Proposer:
         follower: ChannelFollower,
         clock: Clock,
         *,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
     ) -> None:
         self._channel = channel
         self._metrics = metrics
@@ -148,11 +148,9 @@ class Proposer:
         try:
             position = await self._channel.publish(bundle, encode_value(value))
         except UnavailableError:
-            if self._metrics is not None:
-                self._metrics.observe_published(state, ok=False)
+            self._metrics.observe_published(state, ok=False)
             raise
-        if self._metrics is not None:
-            self._metrics.observe_published(state, ok=True)
+        self._metrics.observe_published(state, ok=True)
         return position
 
     async def propose_and_wait(

@@ -298,9 +298,10 @@ class Harness:
         await self.close()
 
     async def close(self) -> None:
-        """Close every sidecar."""
+        """Close every sidecar; fail if a vital task of one died meanwhile."""
         for sidecar in list(self.sidecars.values()):
             await sidecar.close()
+        assert not self.deaths, f"vital tasks died: {self.deaths}"
 
     def __getitem__(self, broker: str) -> Sidecar:
         return self.sidecars[BrokerId(broker)]

@@ -48,6 +48,13 @@ async def turns(until: Callable[[], bool], limit: int = 1000) -> None:
     raise AssertionError(f"condition not reached within {limit} loop turns")
 
 
+async def let_run(turns: int = 100) -> None:
+    """Let every ready task run for ``turns`` loop turns while no clock time passes (for a task
+    that must get as far as it can before the test looks)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 async def publish_load(
     h: Harness, broker: BrokerId, load: float, bundles: Sequence[BundleId], bytes_per_bundle: float
 ) -> None:

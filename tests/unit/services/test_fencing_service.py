@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 from harness import DEFAULT_NAMESPACE, Harness, Timing
+from rig import turns
 
 from lbd.core.broker import CommandAck
 from lbd.core.bundles import NamespaceBundles
@@ -84,7 +85,7 @@ async def test_an_ack_arriving_after_fencing_is_undone() -> None:
         a = await h.add("a", auto_ack=False, fake_broker=True, ack_own=None)
         await h.ready()
         owning = asyncio.create_task(a.link.own(BUNDLES[0]))
-        await asyncio.sleep(0.01)
+        await turns(lambda: ("own", BUNDLES[0]) in [(e.kind, e.bundle) for e in h.events])
         await a.link.fence("test")
         a.broker.ack_own = True
         # The broker answers the earlier Own late (it had taken the bundle): it is closed again.

@@ -5,6 +5,7 @@ import collections
 
 import pytest
 from harness import DEFAULT_NAMESPACE, Harness
+from rig import let_run
 
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.errors import DeadlineError, InvalidInputError, NotFoundError
@@ -128,7 +129,7 @@ async def test_an_in_flight_bundle_is_waited_for_until_owned() -> None:
         await a.proposer.propose(bundle, ServiceUnitState.Assigning, dst=BrokerId("ghost"))
         await h.idle()
         waiting = asyncio.create_task(b.lookup.lookup(TOPIC))
-        await asyncio.sleep(0.01)
+        await let_run()
         assert not waiting.done()
         await a.proposer.propose(bundle, ServiceUnitState.Owned, dst=BrokerId("ghost"))
         async with asyncio.timeout(2):
@@ -147,7 +148,8 @@ async def test_a_lookup_that_does_not_settle_in_time_raises_deadline_error() -> 
         await a.proposer.propose(bundle, ServiceUnitState.Assigning, dst=BrokerId("ghost"))
         await h.idle()
         waiting = asyncio.create_task(a.lookup.lookup(TOPIC))
-        await asyncio.sleep(0.01)
+        await let_run()
+        assert not waiting.done()
         await h.clock.run_for(h.timing.settle_timeout_s + 1, step=1.0)
         with pytest.raises(DeadlineError, match=f"bundle {bundle} did not settle"):
             async with asyncio.timeout(2):

@@ -15,11 +15,14 @@ from rig import QUIET, settle, turns
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog
 from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
+from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
 from lbd.core.broker import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import Metrics
@@ -59,6 +62,12 @@ class Rig:
     follower: ChannelFollower
     monitor: OwnershipMonitor
     metrics: Metrics
+    load_pub: MemoryLoadStore
+
+    async def load(self, broker: BrokerId, load: float) -> None:
+        """Publish ``broker``'s load (0..1) as its reporter would."""
+        data = BrokerLoadData(broker, weighted_max_ema=load, updated_at_ms=self.clock.now_ms())
+        await self.load_pub.publish(broker, data.to_json())
 
     async def register(self, *brokers: BrokerId) -> None:
         for broker in brokers:
@@ -125,6 +134,7 @@ async def rig() -> AsyncIterator[Rig]:
                 leader.follower,
                 leader.monitor,
                 leader.metrics,
+                MemoryLoadStore(h.broker_load, h.clock),
             )
         finally:
             await others.close()
@@ -270,6 +280,47 @@ async def test_a_deposed_leader_writes_nothing() -> None:
         report = await r.sweep()
         assert report.fixes == () and report.skipped is not None
         assert len(r.writer.log) == before
+
+
+async def test_an_orphan_never_lands_on_a_broker_reserved_for_an_isolated_namespace() -> None:
+    async with rig() as r:
+        isolated = NamespacePolicies(isolation=IsolationPolicy(primary=(Z,)))
+        await r.namespaces.create(NamespaceName.parse("iso/ns"), 4, isolated)
+        await r.register(X, Y, Z)
+        # Z is the least loaded: without the isolation filter it would be the one chosen.
+        await r.load(Y, 0.9)
+        await r.load(Z, 0.1)
+        await r.write(B1, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        await r.load(Y, 0.9)
+        await r.load(Z, 0.1)
+
+        report = await r.sweep()
+
+        assert [(f.bundle, f.dst) for f in report.fixes] == [(B1, Y)]
+        assert "isolation" in report.fixes[0].reason
+
+
+async def test_an_orphan_goes_where_its_anti_affinity_group_is_not() -> None:
+    async with rig() as r:
+        grouped = NamespacePolicies(anti_affinity_group="spread")
+        one, two = NamespaceName.parse("aa/one"), NamespaceName.parse("aa/two")
+        await r.namespaces.create(one, 2, grouped)
+        await r.namespaces.create(two, 2, grouped)
+        orphan = BundleId("aa/one/0x00000000_0x80000000")
+        await r.register(X, Y, Z)
+        await r.write(BundleId("aa/two/0x00000000_0x80000000"), S.Owned, dst=Z)
+        await r.write(orphan, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        # Z is the least loaded, but it owns a bundle of the group's other namespace already.
+        await r.load(Y, 0.9)
+        await r.load(Z, 0.1)
+
+        report = await r.sweep()
+
+        assert [(f.bundle, f.dst) for f in report.fixes] == [(orphan, Y)]
 
 
 async def test_the_checkpoint_duty_saves_under_the_leaders_term() -> None:

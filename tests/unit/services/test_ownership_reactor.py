@@ -4,6 +4,7 @@ registration while attached."""
 import asyncio
 
 from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
+from rig import turns
 
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId
@@ -59,8 +60,7 @@ async def test_an_unacknowledged_release_moves_on_after_the_timeout_and_is_count
         await a.proposer.propose(B0, S.Assigning, dst=a.me)
         await h.idle()
         transfer = asyncio.create_task(a.operations.transfer(B0, b.me))
-        await asyncio.sleep(0.01)
-        assert a.follower.get(B0).state is S.Releasing
+        await turns(lambda: a.follower.get(B0).state is S.Releasing)
         await h.clock.run_for(h.timing.ack_timeout_s - 1, step=0.5)
         assert a.follower.get(B0).state is S.Releasing  # still waiting for the ack
         await h.clock.run_for(1.5, step=0.5)

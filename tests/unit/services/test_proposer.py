@@ -9,6 +9,7 @@ from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, decode_value
+from lbd.metrics import Metrics
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer, within
 
@@ -25,7 +26,11 @@ async def proposers():
     for follower in followers:
         await follower.start()
         await follower.wait_ready()
-    yield clock, log, [Proposer(MemoryChannelLog(log), f, clock) for f in followers]
+    yield (
+        clock,
+        log,
+        [Proposer(MemoryChannelLog(log), f, clock, metrics=Metrics()) for f in followers],
+    )
     for follower in followers:
         await follower.close()
 
