@@ -8,6 +8,7 @@ the call is forwarded there (:mod:`lbd.api.forwarding`).
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 from collections.abc import Callable
@@ -137,10 +138,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         self, request: lbd_pb2.ListBrokersRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.ListBrokersResponse:
         """Every registered broker, with whether it leads and how many bundles it owns."""
-        owned: dict[str, int] = {}
-        for _, value in self._d.follower.table.items():
-            if value.state is ServiceUnitState.Owned and value.dst_broker is not None:
-                owned[value.dst_broker] = owned.get(value.dst_broker, 0) + 1
+        owned = collections.Counter(self._d.follower.table.owners().values())
         leader = self._d.elector.leader
         brokers = self._d.registry.brokers()
         return lbd_pb2.ListBrokersResponse(

@@ -119,11 +119,7 @@ class CoreCluster:
 
     def owners(self) -> dict[BundleId, BrokerId]:
         """Owner of every Owned bundle."""
-        return {
-            bundle: value.dst_broker
-            for bundle, value in self._table.items()
-            if value.state is ServiceUnitState.Owned and value.dst_broker is not None
-        }
+        return self._table.owners()
 
     def step(self) -> CycleReport:
         """One cycle: events, assignment of free bundles, load reports, one shedding run."""

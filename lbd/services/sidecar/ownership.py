@@ -211,8 +211,7 @@ class OwnershipReactor:
                 await self._finish_split(bundle, value)
                 return
         wanted = value is not None and (
-            (value.state is _S.Owned and value.dst_broker == me)
-            or (value.state is _S.Splitting and value.source_broker == me)
+            owner_of(value) == me or (value.state is _S.Splitting and value.source_broker == me)
         )
         served = bundle in self._link.served()
         if wanted and not served and not self._fenced:
