@@ -187,7 +187,9 @@ def build_sidecar(
     history = history if history is not None else NoHistory()
     follower = ChannelFollower(ports.channel, name=f"channel-follower-{me}", on_death=on_death)
     metrics.track_follower(follower.stats)
-    proposer = Proposer(ports.channel, follower, clock, metrics=metrics)
+    proposer = Proposer(
+        ports.channel, follower, clock, apply_timeout_s=timings.settle_timeout_s, metrics=metrics
+    )
     registry = BrokerRegistry(ports.metadata, clock)
     namespaces = NamespaceService(ports.metadata, config.default_namespace_bundles)
     loads = LoadView(
@@ -276,7 +278,7 @@ def build_sidecar(
         assigner=assigner,
         link=link,
         fence=fence,
-        session=SessionWatcher(ports.metadata, on_expired=on_session_expired or _ignore),
+        session=SessionWatcher(ports.metadata, on_expired=on_session_expired or _log_expiry),
         reactor=OwnershipReactor(
             me,
             follower=follower,
@@ -333,7 +335,7 @@ def build_sidecar(
     )
 
 
-def _ignore(error: SessionExpiredError) -> None:
+def _log_expiry(error: SessionExpiredError) -> None:
     _log.error("metadata session over, and nobody to stop: %s", error)
 
 

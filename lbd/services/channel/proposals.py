@@ -71,9 +71,13 @@ class Proposer:
         follower: ChannelFollower,
         clock: Clock,
         *,
+        apply_timeout_s: float,
         metrics: Metrics,
     ) -> None:
+        """``apply_timeout_s`` bounds :meth:`propose_and_wait`'s wait for the follower to apply
+        the proposal (the sidecar's ``assignment.settle_timeout_s``)."""
         self._channel = channel
+        self._apply_timeout_s = apply_timeout_s
         self._metrics = metrics
         self._follower = follower
         self._clock = clock
@@ -163,7 +167,6 @@ class Proposer:
         split_children: Mapping[BundleId, BrokerId | None] | None = None,
         force: bool = False,
         leader_term: int | None = None,
-        timeout_s: float = 30.0,
     ) -> bool:
         """Propose, wait until this sidecar applied it, and say whether the resolver accepted it.
 
@@ -194,7 +197,7 @@ class Proposer:
             position = await self._publish(bundle, value)
             await within(
                 self._clock,
-                timeout_s,
+                self._apply_timeout_s,
                 self._follower.wait_applied(position),
                 f"applying the proposal {_describe(value)} for {bundle}",
             )

@@ -32,7 +32,7 @@ class Fence:
         clock: Clock,
         *,
         fence_after_s: float,
-        check_interval_s: float = 1.0,
+        check_interval_s: float,
     ) -> None:
         if fence_after_s <= 0 or check_interval_s <= 0:
             raise ValueError(

@@ -29,7 +29,10 @@ async def proposers():
     yield (
         clock,
         log,
-        [Proposer(MemoryChannelLog(log), f, clock, metrics=Metrics()) for f in followers],
+        [
+            Proposer(MemoryChannelLog(log), f, clock, apply_timeout_s=30.0, metrics=Metrics())
+            for f in followers
+        ],
     )
     for follower in followers:
         await follower.close()
