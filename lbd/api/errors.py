@@ -3,7 +3,8 @@
 The services raise :class:`~lbd.core.errors.LbdError` subclasses whose messages are written for
 the operator; the interceptor turns them into status codes and passes the message on. Anything
 else is a bug: the client gets INTERNAL and a pointer to the log, the log gets the traceback,
-and no Python traceback ever reaches the client.
+and no Python traceback ever reaches the client. A request that does not decode is the client's
+error: INVALID_ARGUMENT naming the message type, logged at debug level only.
 """
 
 from __future__ import annotations
@@ -92,4 +93,4 @@ class ErrorInterceptor(WrappingInterceptor):
     """Maps exceptions escaping lbd's servicers to status codes with their message."""
 
     def __init__(self) -> None:
-        super().__init__(_ErrorMapping())
+        super().__init__(_ErrorMapping(), checks_requests=True)

@@ -11,9 +11,13 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
+
+from lbd.core.errors import InvalidInputError
 
 Call = Callable[[], Awaitable[Any]]
 """Runs the wrapped unary-response behaviour and returns its response."""
@@ -50,8 +54,14 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     reflection are left alone); a subclass picks per call by overriding :meth:`wrapper_for`.
     """
 
-    def __init__(self, wrapper: CallWrapper | None = None) -> None:
+    def __init__(
+        self, wrapper: CallWrapper | None = None, *, checks_requests: bool = False
+    ) -> None:
+        """With ``checks_requests``, a request that does not decode reaches the wrapper as an
+        :class:`~lbd.core.errors.InvalidInputError` raised by the call (see
+        :func:`wrap_handler`)."""
         self._wrapper = wrapper
+        self._checks_requests = checks_requests
 
     def wrapper_for(self, details: grpc.HandlerCallDetails) -> CallWrapper | None:
         """The wrapper for this call, or None to leave it as it is."""
@@ -69,13 +79,38 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         wrapper = self.wrapper_for(handler_call_details)
         if wrapper is None:
             return handler
-        return wrap_handler(handler, handler_call_details.method, wrapper)
+        return wrap_handler(
+            handler,
+            handler_call_details.method,
+            wrapper,
+            checks_requests=self._checks_requests,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A request message that did not decode, in place of the message."""
+
+    error: InvalidInputError
 
 
 def wrap_handler(
-    handler: grpc.RpcMethodHandler, method: str, wrapper: CallWrapper
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    wrapper: CallWrapper,
+    *,
+    checks_requests: bool = False,
 ) -> grpc.RpcMethodHandler:
-    """``handler`` with each call passed through ``wrapper``."""
+    """``handler`` with each call passed through ``wrapper``.
+
+    With ``checks_requests`` the request deserializer no longer fails the call on bytes that are
+    not a message of the method's type (grpc would answer UNKNOWN with a Python class name): the
+    call itself raises :class:`InvalidInputError` saying so, inside ``wrapper``; a streaming
+    request raises it when the bad message is read.
+    """
+    deserialize = handler.request_deserializer
+    if checks_requests and deserialize is not None:
+        deserialize = _lenient(deserialize)
     if handler.request_streaming and handler.response_streaming:
         inner, make = handler.stream_stream, grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
@@ -85,6 +120,8 @@ def wrap_handler(
     else:
         inner, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
 
+    if checks_requests:
+        inner = _checked(inner, streaming_requests=handler.request_streaming)
     if handler.response_streaming:
         # grpc.aio tells streaming behaviours by their being async generator functions.
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -101,9 +138,48 @@ def wrap_handler(
         behaviour = unary
     return make(
         behaviour,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserialize,
         response_serializer=handler.response_serializer,
     )
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``deserialize``, answering :class:`Undecodable` instead of raising."""
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except DecodeError as e:
+            name = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+            what = name.full_name if name is not None else "message"
+            return Undecodable(InvalidInputError(f"the request is not a valid {what}: {e}"))
+
+    return decode
+
+
+def _checked(inner: Callable[..., Any], *, streaming_requests: bool) -> Callable[..., Any]:
+    """``inner``, raising the error of an :class:`Undecodable` request instead of calling it
+    with one (a streaming request: when the bad message is read)."""
+    if streaming_requests:
+
+        def streaming(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            return inner(_decoded(requests), context)
+
+        return streaming
+
+    def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            raise request.error
+        return inner(request, context)
+
+    return unary
+
+
+async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.error
+        yield request
 
 
 async def _responses(result: Any) -> AsyncIterator[Any]:

@@ -66,6 +66,8 @@ class _Session:
     outbox: asyncio.Queue[SidecarMessage | None] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[CommandAck]] = field(default_factory=dict)
     ended: bool = False
+    error: InvalidInputError | None = None
+    """What the broker sent that made the session end, if that is why it ended."""
 
     def end(self) -> None:
         if self.ended:
@@ -233,7 +235,8 @@ class BrokerLink:
         """Serve one broker session: read ``incoming``, yield the commands for the broker.
 
         The first message must be a :class:`Hello` from this sidecar's broker
-        (InvalidInputError otherwise). A new session replaces the open one, which ends. The
+        (InvalidInputError otherwise); a later message that is not valid ends the session with
+        InvalidInputError too. A new session replaces the open one, which ends. The
         session ends when ``incoming`` ends, when it is replaced, or when the caller closes
         this iterator; pending commands then count as not acknowledged.
         """
@@ -263,6 +266,8 @@ class BrokerLink:
         try:
             while (message := await session.outbox.get()) is not None:
                 yield message
+            if session.error is not None:
+                raise session.error
         finally:
             session.end()
             await cancel_and_wait(reader)
@@ -284,5 +289,9 @@ class BrokerLink:
                         self.latest_report = message
                     case Hello():
                         _log.warning("broker %s said Hello twice; ignored", self._me)
+        except InvalidInputError as e:
+            # The broker's fault, not ours: its session ends with the reason, and no traceback.
+            _log.warning("broker %s sent an invalid message; ending its session: %s", self._me, e)
+            session.error = e
         finally:
             session.end()

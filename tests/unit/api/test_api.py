@@ -399,3 +399,52 @@ async def test_each_call_gets_a_server_span_with_its_status(harness: Harness) ->
     assert all(s.kind is SpanKind.SERVER for s in spans)
     # A caller's mistake is not the server's fault: the span status stays unset.
     assert all(s.status.status_code is StatusCode.UNSET for s in spans)
+
+
+# -- undecodable requests ----------------------------------------------------------------------
+
+GARBAGE = b"\xff\xff\xff\xff\x0f"
+"""Not a protobuf message of any type: a field number of 2^28 - 1 with an invalid wire type."""
+
+
+def _raw(channel: grpc.aio.Channel, method: str, kind: str = "unary_unary") -> object:
+    """A call of ``method`` that sends and receives raw bytes."""
+    make = getattr(channel, kind)
+    return make(method, request_serializer=None, response_deserializer=None)
+
+
+async def test_an_undecodable_unary_request_is_an_invalid_argument_without_a_traceback(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for method in ("/lbd.v1.LoadBalancer/Lookup", "/lbd.v1.Admin/Transfer"):
+        call = _raw(api.channel, method)
+        code, details = await status_of(call(GARBAGE, timeout=5))  # type: ignore[operator]
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, (method, code, details)
+        assert "not a valid" in details and "Request" in details, details
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_garbage_on_a_broker_session_ends_it_as_an_invalid_argument_quietly(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    async def messages() -> AsyncIterator[bytes]:
+        hello = lbd_pb2.BrokerMessage(hello=lbd_pb2.BrokerInfo(broker_id="broker-a"))
+        yield hello.SerializeToString()
+        yield GARBAGE
+
+    call = _raw(api.channel, "/lbd.v1.LoadBalancer/BrokerSession", "stream_stream")
+    stream = call(messages(), timeout=5)  # type: ignore[operator]
+
+    async def drain() -> None:
+        async for _ in stream:
+            pass
+
+    code, details = await status_of(drain())
+    assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    assert "not a valid" in details, details
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
