@@ -15,9 +15,11 @@ from lbd.core.broker import (
     BrokerMessage,
     CommandAck,
     Hello,
+    LeaseRequest,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
+    ServingLease,
     SidecarMessage,
 )
 from lbd.core.bundles import TopicLoad, parse_bundle_id
@@ -207,7 +209,9 @@ def broker_message_from_proto(msg: lbd_pb2.BrokerMessage) -> BrokerMessage:
         return load_report_from_proto(msg.load)
     if kind == "ack":
         return CommandAck(command_id=msg.ack.command_id, ok=msg.ack.ok, error=msg.ack.error)
-    raise InvalidInputError("a BrokerMessage must set one of hello, load or ack")
+    if kind == "lease_request":
+        return LeaseRequest(msg.lease_request.sequence, msg.lease_request.lapses)
+    raise InvalidInputError("a BrokerMessage must set one of hello, load, ack or lease_request")
 
 
 def sidecar_message_to_proto(msg: SidecarMessage) -> lbd_pb2.SidecarMessage:
@@ -216,6 +220,9 @@ def sidecar_message_to_proto(msg: SidecarMessage) -> lbd_pb2.SidecarMessage:
     command = msg.command
     if isinstance(command, OwnCommand):
         out.own.bundle = command.bundle
+    elif isinstance(command, ServingLease):
+        out.lease.sequence = command.sequence
+        out.lease.duration_ms = command.duration_ms
     elif isinstance(command, ReleaseCommand):
         out.release.bundle = command.bundle
         if command.new_owner is not None:

@@ -97,13 +97,29 @@ def _fence_before_cleanup(s: Settings) -> str | None:
     )
 
 
-def _release_ack_vs_inflight(s: Settings) -> str | None:
-    ack, inflight = s.broker.release_ack_timeout_s, s.monitor.inflight_timeout_s
-    if ack < inflight:
+def _lease_before_cleanup(s: Settings) -> str | None:
+    f, lease, m = s.etcd.fence_after_s, s.broker.serving_lease_s, s.etcd.fence_margin_s
+    grace = s.monitor.orphan_cleanup_grace_s
+    if f + lease + m <= grace:
         return None
     return (
-        f"must be < monitor.inflight_timeout_s = {_n(inflight)} (got {_n(ack)}): the sidecar "
-        "must settle its own transfer before the leader declares it stuck"
+        f"etcd.fence_after_s + broker.serving_lease_s + etcd.fence_margin_s must be <= "
+        f"monitor.orphan_cleanup_grace_s ({_n(f)} + {_n(lease)} + {_n(m)} = "
+        f"{_n(f + lease + m)} > {_n(grace)}): the last lease a cut-off sidecar granted must have "
+        "run out before the leader may hand its broker's bundles to another"
+    )
+
+
+def _release_and_lease_vs_inflight(s: Settings) -> str | None:
+    ack, lease = s.broker.release_ack_timeout_s, s.broker.serving_lease_s
+    m, inflight = s.etcd.fence_margin_s, s.monitor.inflight_timeout_s
+    if ack + lease + m < inflight:
+        return None
+    return (
+        f"broker.release_ack_timeout_s + broker.serving_lease_s + etcd.fence_margin_s must be < "
+        f"monitor.inflight_timeout_s ({_n(ack)} + {_n(lease)} + {_n(m)} = {_n(ack + lease + m)} "
+        f">= {_n(inflight)}): an unacknowledged release waits out the broker's lease, and must "
+        "be done before the leader declares the transfer stuck"
     )
 
 
@@ -201,7 +217,22 @@ INVARIANTS: tuple[Invariant, ...] = (
         _fence_before_cleanup,
     ),
     Invariant(
-        ("broker.release_ack_timeout_s", "monitor.inflight_timeout_s"), _release_ack_vs_inflight
+        (
+            "broker.serving_lease_s",
+            "etcd.fence_after_s",
+            "etcd.fence_margin_s",
+            "monitor.orphan_cleanup_grace_s",
+        ),
+        _lease_before_cleanup,
+    ),
+    Invariant(
+        (
+            "broker.release_ack_timeout_s",
+            "broker.serving_lease_s",
+            "etcd.fence_margin_s",
+            "monitor.inflight_timeout_s",
+        ),
+        _release_and_lease_vs_inflight,
     ),
     Invariant(("broker.own_ack_timeout_s", "monitor.inflight_timeout_s"), _own_ack_vs_inflight),
     Invariant(("assignment.settle_timeout_s", "broker.own_ack_timeout_s"), _settle_vs_own_ack),

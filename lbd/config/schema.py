@@ -265,6 +265,14 @@ class BrokerSettings(Section):
     """How long an Assigning bundle waits for the broker's acknowledgement of Own before the
     sidecar leaves it Assigning and tries again later. Below monitor.inflight_timeout_s, so the
     sidecar gets an answer before the leader treats the assignment as stuck."""
+    serving_lease_s: Seconds = 10.0
+    """The broker's serving lease (docs/broker-contract.md): the broker serves only while it
+    holds one, counted from when it asked, and asks again every quarter of it. The sidecar grants
+    it only while it can vouch for the broker's ownership (its own etcd lease renewed less than
+    etcd.fence_after_s ago), so a paused or cut-off sidecar's broker stops by itself.
+    etcd.fence_after_s + serving_lease_s + etcd.fence_margin_s must fit in
+    monitor.orphan_cleanup_grace_s: the broker has stopped before its bundles may go elsewhere.
+    Shorter stops a cut-off broker sooner; longer rides out longer pauses of the sidecar."""
     release_ack_timeout_s: Seconds = 10.0
     """How long a Releasing bundle waits for the broker's acknowledgement before moving on
     anyway (counted in a metric). Below monitor.inflight_timeout_s, so the sidecar settles its
@@ -500,6 +508,8 @@ class Settings(BaseModel):
                 fence_after_s=self.etcd.fence_after_s,
                 fence_check_interval_s=self.etcd.fence_check_interval_s,
                 retry_s=self.etcd.retry_s,
+                serving_lease_s=self.broker.serving_lease_s,
+                lease_margin_s=self.etcd.fence_margin_s,
             ),
             assignment=self.assignment.to_core(),
             shedding=self.shedding.to_core(),

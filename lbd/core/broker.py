@@ -170,10 +170,35 @@ class CloseCommand:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRequest:
+    """The broker asks for its serving lease (:mod:`lbd.core.lease`): request ``sequence``
+    (increasing within a session), and how often its lease ran out so far in this session."""
+
+    sequence: int
+    lapses: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sequence < 1 or self.lapses < 0:
+            raise InvalidInputError(
+                f"lease request: sequence must be >= 1 and lapses >= 0, got {self.sequence} "
+                f"and {self.lapses}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLease:
+    """The sidecar vouches for its broker's ownership for ``duration_ms``, counted from when the
+    broker sent request ``sequence``. Not a command: it has no command id and no ack."""
+
+    sequence: int
+    duration_ms: int
+
+
 Command = OwnCommand | ReleaseCommand | CloseCommand
 """What a sidecar tells its broker to do."""
 
-BrokerMessage = Hello | LoadReport | CommandAck
+BrokerMessage = Hello | LoadReport | CommandAck | LeaseRequest
 """What a broker sends its sidecar."""
 
 
@@ -182,4 +207,5 @@ class SidecarMessage:
     """One command to the broker; the broker echoes ``command_id`` in its :class:`CommandAck`."""
 
     command_id: int
-    command: Command
+    command: Command | ServingLease
+    """A command to ack, or a lease (``command_id`` 0, not acked)."""

@@ -154,6 +154,10 @@ class SidecarTimings:
     """How often the fence looks at the lease (``etcd.fence_check_interval_s``)."""
     retry_s: float = 1.0
     """Pause before retrying a write that met an outage (``etcd.retry_s``)."""
+    serving_lease_s: float = 10.0
+    """The broker's serving lease (``broker.serving_lease_s``)."""
+    lease_margin_s: float = 5.0
+    """Added to every wait for a granted lease to run out (``etcd.fence_margin_s``)."""
 
     def __post_init__(self) -> None:
         bad = [

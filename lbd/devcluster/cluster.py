@@ -58,11 +58,12 @@ DEV_SETTINGS: Mapping[str, str] = {
     "etcd.fence_after_s": "3",
     "etcd.fence_margin_s": "1",
     "etcd.fence_check_interval_s": "0.5",
-    "monitor.orphan_cleanup_grace_s": "5",
+    "monitor.orphan_cleanup_grace_s": "7",
     "monitor.interval_s": "1",
     "monitor.inflight_timeout_s": "8",
     "broker.own_ack_timeout_s": "3",
     "broker.release_ack_timeout_s": "3",
+    "broker.serving_lease_s": "2",
     # Reports every second and a shedder every five: the live view moves while you watch.
     "load_report.interval_s": "1",
     "shedding.interval_s": "5",

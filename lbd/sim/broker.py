@@ -3,10 +3,12 @@
 It says Hello with a synthetic :class:`BrokerInfo`, serves the bundles it is told to ``Own``,
 stops serving them on ``Release`` and ``Close`` (acknowledging every command), and sends a load
 report every ``report_interval_s`` computed by a :class:`~lbd.sim.workload.Workload` from the
-bundles it serves. When the session drops it stops serving everything at once -- a broker that
-lost its sidecar cannot know whether its bundles were handed to someone else -- and reconnects
-with a capped exponential backoff; on the new session the sidecar sends ``Own`` again for what the
-broker still owns.
+bundles it serves. It holds the serving lease of the broker contract (:mod:`lbd.core.lease`):
+it asks right after Hello and then every quarter of the duration granted, serves only while the
+lease is valid, and when the lease runs out it stops serving everything and forgets it, like a
+broker whose session dropped -- a broker cut off from its sidecar cannot know whether its bundles
+were handed to someone else. It reconnects with a capped exponential backoff; on the new session
+the sidecar sends ``Own`` again for what the broker still owns.
 
 With an :class:`EventLog` every change of what it serves is appended as one JSON line stamped
 with ``time.monotonic_ns()``, the same clock for every process on a host, so tests can check that
@@ -28,15 +30,20 @@ from typing import IO
 import grpc
 
 from lbd import __version__
+from lbd.core.broker import ServingLease
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
+from lbd.core.lease import BrokerLease
 from lbd.core.load import ResourceUsage
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.sim.workload import BrokerSample, Workload
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
+
+FIRST_LEASE_RETRY_S = 0.25
+"""How often the broker asks for a lease while it has been granted none in this session."""
 
 TOP_TOPICS_PER_BUNDLE = 10
 """Per-topic stats sent per bundle, the busiest first (the proto field is optional detail)."""
@@ -81,9 +88,11 @@ class SimBrokerConfig:
 class EventLog:
     """Appends ``{"t_ns", "event", "bundle", "broker", ...}`` JSON lines to a file.
 
-    Events: ``own``, ``release`` and ``close`` (the broker started or stopped serving ``bundle``),
-    ``session`` (``detail`` ``open`` or ``lost``, ``bundle`` null). Each line is flushed at once so
-    another process reads it as soon as the broker acted.
+    Events: ``own``, ``release`` and ``close`` (the broker was told to serve ``bundle``, or
+    stopped), ``session`` (``detail`` ``open`` or ``lost``, ``bundle`` null), ``lease`` (a grant:
+    the lease is valid until ``until_ns``, same clock; ``bundle`` null). A broker serves a bundle
+    from its ``own`` until the earlier of its ``close`` and the end of its lease. Each line is
+    flushed at once so another process reads it as soon as the broker acted.
     """
 
     def __init__(self, path: Path, broker_id: str) -> None:
@@ -120,6 +129,7 @@ class SimBroker:
         self._start_time_ms = int(time.time() * 1000)
         self._sessions = 0
         self._reports = 0
+        self._lease_duration_s = 0.0
         self.connected = asyncio.Event()
         """Set while a session is open."""
 
@@ -157,6 +167,8 @@ class SimBroker:
         outbox.put_nowait(lbd_pb2.BrokerMessage(hello=self._config.info(self._start_time_ms)))
         call = stub.BrokerSession(_drain(outbox))
         reporter: asyncio.Task[None] | None = None
+        leasing: asyncio.Task[None] | None = None
+        lease = BrokerLease()
         opened = False
         try:
             await call.wait_for_connection()
@@ -166,7 +178,12 @@ class SimBroker:
             _log.info("session %d with sidecar %s open", self._sessions, self._config.sidecar)
             self._record("session", None, detail="open")
             reporter = guard(self._report_loop(outbox), name="sim-broker-load-reports")
+            granted = asyncio.Event()
+            leasing = guard(self._lease_loop(lease, granted, outbox), name="sim-broker-lease")
             async for command in call:
+                if command.WhichOneof("kind") == "lease":
+                    self._granted(lease, command.lease, granted)
+                    continue
                 outbox.put_nowait(lbd_pb2.BrokerMessage(ack=self._apply(command)))
             _log.warning("sidecar %s ended the session", self._config.sidecar)
         except grpc.aio.AioRpcError as e:
@@ -180,6 +197,7 @@ class SimBroker:
             else:
                 _log.debug("sidecar %s unreachable: %s", self._config.sidecar, e.code().name)
         finally:
+            await cancel_and_wait(leasing)
             await cancel_and_wait(reporter)
             # Ends the request stream: grpc's task writing it would otherwise wait forever when
             # the server ended the call first (cancel() does not stop it then).
@@ -190,6 +208,46 @@ class SimBroker:
                 self._record("session", None, detail="lost")
                 self._stop_serving("session lost")
         return opened
+
+    def _granted(
+        self, lease: BrokerLease, msg: lbd_pb2.ServingLease, granted: asyncio.Event
+    ) -> None:
+        """Take a lease grant; a stale one (its request was sent too long ago) extends nothing."""
+        grant = ServingLease(msg.sequence, msg.duration_ms)
+        if lease.grant(grant, time.monotonic()) and lease.valid_until is not None:
+            self._lease_duration_s = grant.duration_ms / 1000
+            self._record("lease", None, until_ns=str(round(lease.valid_until * 1e9)))
+            granted.set()
+
+    async def _lease_loop(
+        self,
+        lease: BrokerLease,
+        granted: asyncio.Event,
+        outbox: asyncio.Queue[lbd_pb2.BrokerMessage | None],
+    ) -> None:
+        """Ask for the lease now and every quarter of its duration; stop serving when it runs
+        out before a renewal arrived."""
+        while True:
+            request = lease.request(time.monotonic())
+            outbox.put_nowait(
+                lbd_pb2.BrokerMessage(
+                    lease_request=lbd_pb2.LeaseRequest(
+                        sequence=request.sequence, lapses=request.lapses
+                    )
+                )
+            )
+            pause = self._lease_duration_s / 4 if self._lease_duration_s else FIRST_LEASE_RETRY_S
+            granted.clear()
+            deadline = time.monotonic() + pause
+            while (now := time.monotonic()) < deadline:
+                until = lease.valid_until
+                wait = deadline - now if until is None else min(deadline, until) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(granted.wait(), timeout=max(wait, 0.0))
+                granted.clear()
+                if lease.lapse_if_due(time.monotonic()):
+                    _log.warning("serving lease ran out; stopping every bundle")
+                    self._stop_serving("serving lease ran out")
 
     def _apply(self, command: lbd_pb2.SidecarMessage) -> lbd_pb2.CommandAck:
         kind = command.WhichOneof("kind")

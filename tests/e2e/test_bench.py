@@ -12,6 +12,6 @@ def test_the_sidecar_benchmark_measures_lookups_assignments_and_failover() -> No
     for name in ("assign_latency_p50_ms", "lookup_latency_p99_ms", "lookup_concurrent_per_s"):
         assert result[name] > 0, name
     assert result["assign_latency_p50_ms"] <= result["assign_latency_p99_ms"]
-    # Orphans move only after the dev cluster's 5 s cleanup grace; a new leader after its 3 s TTL.
-    assert 4.0 <= result["failover_orphans_owned_again_s"] < 30
+    # Orphans move only after the dev cluster's 7 s cleanup grace; a new leader after its 3 s TTL.
+    assert 5.6 <= result["failover_orphans_owned_again_s"] < 30
     assert 0 < result["failover_new_leader_s"] < 15

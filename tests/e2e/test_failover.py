@@ -1,7 +1,7 @@
 """End to end: kill -9 of a sidecar and its broker, then of the leader's sidecar.
 
 The tests run in order on one cluster of their own: the first leaves two brokers, the second one
-live sidecar. Timings come from the dev cluster's settings (lease TTL 3 s, cleanup grace 5 s).
+live sidecar. Timings come from the dev cluster's settings (lease TTL 3 s, cleanup grace 7 s).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 NAMESPACE = "e2e/failover"
 BUNDLES = 12
 LEASE_TTL_S = 3.0
-CLEANUP_GRACE_S = 5.0
+CLEANUP_GRACE_S = 7.0
 SLACK_S = 6.0
 
 

@@ -239,14 +239,20 @@ INVARIANT_CASES = [
     ),
     ("[etcd]\nfence_after_s = 14", "etcd.fence_after_s: must be >= etcd.lease_ttl_s = 15 (got 14)"),
     (
-        "[monitor]\norphan_cleanup_grace_s = 38.5",
+        "[broker]\nserving_lease_s = 1\n[monitor]\norphan_cleanup_grace_s = 38.5",
         "etcd.fence_after_s: etcd.fence_after_s + etcd.keepalive_interval_s + "
         "etcd.fence_margin_s must be <= monitor.orphan_cleanup_grace_s "
         "(30 + 4 + 5 = 39 > 38.5)",
     ),
     (
-        "[broker]\nrelease_ack_timeout_s = 30",
-        "broker.release_ack_timeout_s: must be < monitor.inflight_timeout_s = 30 (got 30)",
+        "[monitor]\norphan_cleanup_grace_s = 44",
+        "broker.serving_lease_s: etcd.fence_after_s + broker.serving_lease_s + "
+        "etcd.fence_margin_s must be <= monitor.orphan_cleanup_grace_s (30 + 10 + 5 = 45 > 44)",
+    ),
+    (
+        "[broker]\nrelease_ack_timeout_s = 15",
+        "broker.release_ack_timeout_s: broker.release_ack_timeout_s + broker.serving_lease_s + "
+        "etcd.fence_margin_s must be < monitor.inflight_timeout_s (15 + 10 + 5 = 30 >= 30)",
     ),
     (
         "[broker]\nown_ack_timeout_s = 30\n[assignment]\nsettle_timeout_s = 31",
@@ -297,7 +303,9 @@ def test_every_invariant_has_a_case() -> None:
 
 
 def test_fencing_rule_allows_the_exact_bound(tmp_path: Path) -> None:
-    path = write(tmp_path, "[monitor]\norphan_cleanup_grace_s = 39\n")
+    path = write(
+        tmp_path, "[broker]\nserving_lease_s = 4\n[monitor]\norphan_cleanup_grace_s = 39\n"
+    )
     assert load_settings(path, env={}).monitor.orphan_cleanup_grace_s == 39
 
 
@@ -323,10 +331,10 @@ def test_all_problems_are_reported_together(tmp_path: Path) -> None:
         "etcd.lease_tll_s",
         "grpc.addr",
         "logging.level",
-        "broker.release_ack_timeout_s",
         "monitor.tombstone_after_s",
     ]
-    # Rules over a section that failed are skipped rather than judged on stand-in values.
+    # Rules over a section that failed are skipped rather than judged on stand-in values: the
+    # fencing rules, and the release rule, which reads etcd.fence_margin_s.
     assert not any("fence" in p for p in problems)
 
 

@@ -29,7 +29,7 @@ from lbd.devcluster.processes import settings_env
 def test_dev_settings_pass_the_settings_validation() -> None:
     settings = load_settings(None, env=settings_env(DEV_SETTINGS))
     assert settings.etcd.lease_ttl_s == 3
-    assert settings.monitor.orphan_cleanup_grace_s == 5
+    assert settings.monitor.orphan_cleanup_grace_s == 7
 
 
 def test_settings_become_lbd_env_variables_and_inherited_ones_are_dropped(

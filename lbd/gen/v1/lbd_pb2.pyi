@@ -161,15 +161,25 @@ class CommandAck(_message.Message):
     error: str
     def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
+class LeaseRequest(_message.Message):
+    __slots__ = ("sequence", "lapses")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAPSES_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    lapses: int
+    def __init__(self, sequence: _Optional[int] = ..., lapses: _Optional[int] = ...) -> None: ...
+
 class BrokerMessage(_message.Message):
-    __slots__ = ("hello", "load", "ack")
+    __slots__ = ("hello", "load", "ack", "lease_request")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     hello: BrokerInfo
     load: LoadReport
     ack: CommandAck
-    def __init__(self, hello: _Optional[_Union[BrokerInfo, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ...) -> None: ...
+    lease_request: LeaseRequest
+    def __init__(self, hello: _Optional[_Union[BrokerInfo, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., lease_request: _Optional[_Union[LeaseRequest, _Mapping]] = ...) -> None: ...
 
 class OwnCommand(_message.Message):
     __slots__ = ("bundle",)
@@ -195,17 +205,27 @@ class CloseCommand(_message.Message):
     reason: str
     def __init__(self, bundle: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class ServingLease(_message.Message):
+    __slots__ = ("sequence", "duration_ms")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    duration_ms: int
+    def __init__(self, sequence: _Optional[int] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
 class SidecarMessage(_message.Message):
-    __slots__ = ("command_id", "own", "release", "close")
+    __slots__ = ("command_id", "own", "release", "close", "lease")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OWN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     CLOSE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     own: OwnCommand
     release: ReleaseCommand
     close: CloseCommand
-    def __init__(self, command_id: _Optional[int] = ..., own: _Optional[_Union[OwnCommand, _Mapping]] = ..., release: _Optional[_Union[ReleaseCommand, _Mapping]] = ..., close: _Optional[_Union[CloseCommand, _Mapping]] = ...) -> None: ...
+    lease: ServingLease
+    def __init__(self, command_id: _Optional[int] = ..., own: _Optional[_Union[OwnCommand, _Mapping]] = ..., release: _Optional[_Union[ReleaseCommand, _Mapping]] = ..., close: _Optional[_Union[CloseCommand, _Mapping]] = ..., lease: _Optional[_Union[ServingLease, _Mapping]] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
     __slots__ = ("bundle", "topic", "dst_broker_id")

@@ -17,7 +17,7 @@ import asyncio
 import enum
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from lbd.core.broker import (
@@ -27,9 +27,11 @@ from lbd.core.broker import (
     Command,
     CommandAck,
     Hello,
+    LeaseRequest,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
+    ServingLease,
     SidecarMessage,
 )
 from lbd.core.errors import DeadlineError, InvalidInputError
@@ -48,6 +50,8 @@ class LinkEventKind(enum.Enum):
     """A broker said Hello (a new session, or one replacing the previous session)."""
     DETACHED = "detached"
     """The broker's session ended and no other replaced it."""
+    LAPSED = "lapsed"
+    """The broker's serving lease ran out: it serves nothing until it is told to Own again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +95,21 @@ class BrokerLink:
         own_ack_timeout_s: float,
         release_ack_timeout_s: float,
         clock: Clock,
+        serving_lease_s: float = 10.0,
+        lease_margin_s: float = 1.0,
+        vouch: Callable[[], bool] = lambda: True,
     ) -> None:
         """Own waits ``own_ack_timeout_s`` for its ack; Release and Close wait
-        ``release_ack_timeout_s``."""
+        ``release_ack_timeout_s``. The broker's serving lease is granted for ``serving_lease_s``
+        whenever it asks and ``vouch()`` says the sidecar can still vouch for its ownership
+        (``lease_margin_s`` pads every wait for a granted lease to run out)."""
         self._me = me
+        self._serving_lease_s = serving_lease_s
+        self._lease_margin_s = lease_margin_s
+        self._vouch = vouch
+        self._granted_until: float | None = None
+        self._withheld = 0
+        self._lapses_seen = 0
         self._auto_ack = auto_ack
         self._own_ack_timeout_s = own_ack_timeout_s
         self._release_ack_timeout_s = release_ack_timeout_s
@@ -189,6 +204,49 @@ class BrokerLink:
         """Allow owning again (the reactor then re-owns what is still this broker's)."""
         self._fenced = False
 
+    # -- the serving lease --------------------------------------------------------------------
+
+    @property
+    def lease_granted_until(self) -> float | None:
+        """When the last lease granted runs out at the latest, on this sidecar's clock."""
+        return self._granted_until
+
+    async def wait_out_lease(self) -> None:
+        """Grant nothing more and wait until every lease granted has surely run out (the broker
+        then serves nothing); granting resumes when this returns.
+
+        For moving a bundle on without the broker's acknowledgement: whatever the broker did
+        with the command, it no longer serves the bundle once its lease ran out.
+        """
+        self._withheld += 1
+        try:
+            if self._granted_until is not None:
+                remaining = self._granted_until - self._clock.monotonic()
+                if remaining > -self._lease_margin_s:
+                    _log.warning(
+                        "broker %s: waiting %.1fs for its serving lease to run out",
+                        self._me,
+                        remaining + self._lease_margin_s,
+                    )
+                    await self._clock.sleep(remaining + self._lease_margin_s)
+            self._served.clear()
+        finally:
+            self._withheld -= 1
+
+    def _on_lease_request(self, request: LeaseRequest, session: _Session) -> None:
+        if request.lapses != self._lapses_seen:
+            # The broker's lease ran out since its last request: it serves nothing now.
+            self._lapses_seen = request.lapses
+            self._served.clear()
+            _log.warning("broker %s: its serving lease ran out; it owns nothing now", self._me)
+            self._emit(LinkEvent(LinkEventKind.LAPSED, session.info))
+        if self._withheld or self._fenced or not self._vouch():
+            return
+        now = self._clock.monotonic()
+        duration_ms = round(self._serving_lease_s * 1000)
+        self._granted_until = now + duration_ms / 1000
+        session.outbox.put_nowait(SidecarMessage(0, ServingLease(request.sequence, duration_ms)))
+
     async def _command(self, command: Command, timeout_s: float) -> CommandAck | None:
         """Send ``command`` and wait at most ``timeout_s`` for its ack; None when there was
         nobody to send it to."""
@@ -260,6 +318,7 @@ class BrokerLink:
             previous.end()
         # What the broker served in an earlier session is unknown: the reactor re-owns.
         self._served.clear()
+        self._lapses_seen = 0
         _log.info("broker %s attached", self._me)
         self._emit(LinkEvent(LinkEventKind.ATTACHED, session.info))
         reader = guard(self._read(stream, session), name=f"broker-session-reader-{self._me}")
@@ -287,6 +346,8 @@ class BrokerLink:
                             future.set_result(message)
                     case LoadReport():
                         self.latest_report = message
+                    case LeaseRequest():
+                        self._on_lease_request(message, session)
                     case Hello():
                         _log.warning("broker %s said Hello twice; ignored", self._me)
         except InvalidInputError as e:

@@ -158,7 +158,7 @@ class OwnershipReactor:
     async def _follow_link(self, events: AsyncGenerator[LinkEvent, None]) -> None:
         async with contextlib.aclosing(events):
             async for event in events:
-                if event.kind is LinkEventKind.ATTACHED:
+                if event.kind in (LinkEventKind.ATTACHED, LinkEventKind.LAPSED):
                     await self.reconcile()
 
     async def _follow_fence(self, states: AsyncGenerator[bool, None]) -> None:
@@ -256,7 +256,13 @@ class OwnershipReactor:
             if not acked:
                 self.release_timeouts += 1
                 self._metrics.release_ack_timeouts.inc()
-                _log.warning("%s: release not acknowledged by %s; moving on", bundle, self._me)
+                _log.warning(
+                    "%s: release not acknowledged by %s; moving on once its serving lease has "
+                    "run out",
+                    bundle,
+                    self._me,
+                )
+                await self._link.wait_out_lease()
             self._released[bundle] = value.version_id
         if value.dst_broker is not None:
             await self._propose_next(
