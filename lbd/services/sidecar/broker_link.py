@@ -163,8 +163,12 @@ class BrokerLink:
             return False
         if bundle in self._served:
             return True
+        lapses = self._lapses_seen
         ack = await self._command(OwnCommand(bundle), self._own_ack_timeout_s)
         if ack is None or not ack.ok:
+            return False
+        if self._lapses_seen != lapses:
+            # Its lease ran out after it took the bundle: it dropped it again.
             return False
         if self._fenced:
             # Fenced while the broker was taking it: it must not keep it.

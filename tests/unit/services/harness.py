@@ -49,10 +49,12 @@ from lbd.core.broker import (
     LoadReport,
     OwnCommand,
     ReleaseCommand,
+    ServingLease,
     SidecarMessage,
 )
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceWeights
 from lbd.core.names import NamespaceName
 from lbd.core.state import owner_of
@@ -88,6 +90,8 @@ class Timing:
     fence_after_s: float = 8.0
     fence_check_interval_s: float = 1.0
     retry_s: float = 1.0
+    serving_lease_s: float = 4.0
+    lease_margin_s: float = 1.0
 
     def timings(self) -> SidecarTimings:
         """The sidecar's timings (Own and Release share ``ack_timeout_s``)."""
@@ -98,6 +102,8 @@ class Timing:
             fence_after_s=self.fence_after_s,
             fence_check_interval_s=self.fence_check_interval_s,
             retry_s=self.retry_s,
+            serving_lease_s=self.serving_lease_s,
+            lease_margin_s=self.lease_margin_s,
         )
 
 
@@ -131,6 +137,9 @@ class FakeBroker:
         self._harness = harness
         self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._leasing: asyncio.Task[None] | None = None
+        self.lease = BrokerLease()
+        """Its serving lease (the broker contract): it serves nothing once this ran out."""
 
     @property
     def id(self) -> BrokerId:
@@ -146,8 +155,10 @@ class FakeBroker:
         """Open a session with ``link`` (Hello first) and wait until the link is attached."""
         self._outgoing = asyncio.Queue()
         self._outgoing.put_nowait(Hello(self.info))
+        self.lease = BrokerLease()
         events = link.events()
         self._task = asyncio.create_task(self._run(link), name=f"fake-broker-{self.id}")
+        self._leasing = asyncio.create_task(self._keep_lease(), name=f"fake-lease-{self.id}")
         async with asyncio.timeout(WAIT_S), contextlib.aclosing(events):
             async for event in events:
                 if event.kind is LinkEventKind.ATTACHED and event.info == self.info:
@@ -157,10 +168,31 @@ class FakeBroker:
         """End the session (the broker's stream ends) and wait for the link to notice."""
         if self._task is None:
             return
+        leasing, self._leasing = self._leasing, None
+        if leasing is not None:
+            leasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leasing
         self._outgoing.put_nowait(None)
         async with asyncio.timeout(WAIT_S):
             await self._task
         self._task = None
+        self.serving.clear()  # the session ended: the broker stops serving everything
+
+    def may_serve(self) -> bool:
+        """Whether its serving lease is valid now (on the harness clock)."""
+        return self.lease.valid(self._harness.clock.monotonic())
+
+    async def _keep_lease(self) -> None:
+        """Ask for the lease now and every quarter of its duration; drop everything when it ran
+        out unrenewed (noticed at the next tick, and never counted as serving after its end)."""
+        clock = self._harness.clock
+        while True:
+            self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
+            await clock.sleep(self._harness.timing.serving_lease_s / 4)
+            if self.lease.lapse_if_due(clock.monotonic()):
+                self._harness._record(BrokerEvent(self.id, "lapse", BundleId("")))
+                self.serving.clear()
 
     def report(self, report: LoadReport) -> None:
         """Send a load report."""
@@ -183,6 +215,9 @@ class FakeBroker:
         command = message.command
         answer: bool | None = True
         match command:
+            case ServingLease():
+                self.lease.grant(command, self._harness.clock.monotonic())
+                return
             case OwnCommand(bundle=bundle):
                 self._harness._record(BrokerEvent(self.id, "own", bundle))
                 answer = self.ack_own
@@ -415,7 +450,7 @@ class Harness:
         wanted = parse_bundle_id(bundle)
         for sidecar in self.sidecars.values():
             other = sidecar.broker
-            if other is None or other.id == broker:
+            if other is None or other.id == broker or not other.may_serve():
                 continue
             for served in other.serving:
                 have = parse_bundle_id(served)

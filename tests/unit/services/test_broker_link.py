@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 
 import pytest
+from rig import let_run, turns
 
 from lbd.adapters.clock import ManualClock
 from lbd.core.broker import (
@@ -11,9 +12,11 @@ from lbd.core.broker import (
     CloseCommand,
     CommandAck,
     Hello,
+    LeaseRequest,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
+    ServingLease,
 )
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
@@ -168,3 +171,90 @@ async def test_without_auto_ack_and_broker_nothing_is_acknowledged() -> None:
     assert await link.own(B1) is False
     assert await link.release(B1, None) is False
     assert link.served() == frozenset()
+
+
+# -- the serving lease -------------------------------------------------------------------------
+
+
+def leasing_link(clock: ManualClock, vouching: list[bool]) -> BrokerLink:
+    return BrokerLink(
+        ME,
+        auto_ack=False,
+        own_ack_timeout_s=5,
+        release_ack_timeout_s=5,
+        clock=clock,
+        serving_lease_s=10,
+        lease_margin_s=1,
+        vouch=lambda: vouching[0],
+    )
+
+
+async def test_a_lease_is_granted_only_while_the_sidecar_can_vouch() -> None:
+    clock = ManualClock()
+    vouching = [True]
+    link = leasing_link(clock, vouching)
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    broker.outgoing.put_nowait(LeaseRequest(1))
+    granted = await broker.next_command()
+    assert granted.command_id == 0 and granted.command == ServingLease(1, 10_000)
+    assert link.lease_granted_until == clock.monotonic() + 10
+
+    vouching[0] = False  # e.g. the etcd lease was not renewed for etcd.fence_after_s
+    broker.outgoing.put_nowait(LeaseRequest(2))
+    broker.outgoing.put_nowait(LoadReport())
+    await turns(lambda: link.latest_report is not None)
+    assert broker.commands.empty()  # no grant
+    await link.fence("test")
+    vouching[0] = True
+    broker.outgoing.put_nowait(LeaseRequest(3))
+    broker.outgoing.put_nowait(LoadReport(bundles=()))
+    await let_run()
+    assert broker.commands.empty()  # fenced: no grant either
+    await broker.end()
+
+
+async def test_waiting_out_a_lease_withholds_renewals_until_it_surely_ran_out() -> None:
+    clock = ManualClock()
+    link = leasing_link(clock, [True])
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    broker.outgoing.put_nowait(LeaseRequest(1))
+    await broker.next_command()
+    await clock.run_for(4)
+
+    waiting = asyncio.create_task(link.wait_out_lease())
+    await let_run()
+    broker.outgoing.put_nowait(LeaseRequest(2))  # a renewal while it waits: refused
+    await let_run()
+    assert broker.commands.empty()
+    await clock.run_for(6.5)  # the lease ran out, the margin not yet
+    assert not waiting.done()
+    await clock.run_for(0.6)
+    async with asyncio.timeout(2):
+        await waiting
+    broker.outgoing.put_nowait(LeaseRequest(3, lapses=1))
+    assert (await broker.next_command()).command == ServingLease(3, 10_000)
+    await broker.end()
+
+
+async def test_a_lapse_the_broker_reports_clears_what_it_serves_and_is_an_event() -> None:
+    clock = ManualClock()
+    link = leasing_link(clock, [True])
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    owning = asyncio.create_task(link.own(B1))
+    assert isinstance((await broker.next_command()).command, OwnCommand)
+    broker.outgoing.put_nowait(CommandAck(1))
+    async with asyncio.timeout(2):
+        assert await owning
+    assert link.served() == {B1}
+    broker.outgoing.put_nowait(LeaseRequest(5, lapses=1))
+    async with asyncio.timeout(2):
+        event = await anext(events)
+    assert event.kind is LinkEventKind.LAPSED
+    assert link.served() == frozenset()
+    await broker.end()

@@ -64,10 +64,18 @@ async def test_an_unacknowledged_release_moves_on_after_the_timeout_and_is_count
         await h.clock.run_for(h.timing.ack_timeout_s - 1, step=0.5)
         assert a.follower.get(B0).state is S.Releasing  # still waiting for the ack
         await h.clock.run_for(1.5, step=0.5)
+        # No ack: whatever a's broker did, it may still serve B0 until its serving lease, no
+        # longer renewed, has surely run out.
+        await h.clock.run_for(h.timing.serving_lease_s - 1, step=0.5)
+        assert a.follower.get(B0).state is S.Releasing
+        await h.clock.run_for(h.timing.lease_margin_s + 2, step=0.5)
         async with asyncio.timeout(2):
             assert await transfer == ("a", "b")
         assert a.reactor.release_timeouts == 1
         assert h.owner(B0) == "b"
+        kinds = [(e.broker, e.kind) for e in h.events if e.kind == "lapse" or e.bundle == B0]
+        assert kinds.index(("a", "lapse")) < kinds.index(("b", "own"))
+        assert h.violations == []
 
 
 async def test_the_broker_serves_exactly_what_the_table_says_after_reattaching() -> None:
