@@ -197,6 +197,9 @@ class SimBroker:
             else:
                 _log.debug("sidecar %s unreachable: %s", self._config.sidecar, e.code().name)
         finally:
+            for task in (leasing, reporter):
+                if task is not None:
+                    task.cancel()  # both at once: the first wait may be cut short by our own
             await cancel_and_wait(leasing)
             await cancel_and_wait(reporter)
             # Ends the request stream: grpc's task writing it would otherwise wait forever when
