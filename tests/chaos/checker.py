@@ -1,0 +1,98 @@
+"""Who served what, when: the simulated brokers' event logs turned into serving intervals.
+
+A broker serves a bundle from its ``own`` event until the earliest of: its ``release`` or
+``close`` of the bundle, the end of its session (``session`` ``lost``), its death (the test's kill
+time), and the end of its serving lease. The lease is what bounds a broker that writes nothing
+(a paused process logs nothing while paused): each ``lease`` event says the lease is valid until
+``until_ns``, and a broker with no valid lease serves nothing, whatever it was told to own.
+
+:func:`dual_serving` reports every overlap of two brokers' intervals on one bundle, however
+short; :func:`serving_without_ownership` is for a table to compare with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+Event = Mapping[str, object]
+
+END = 2**63
+"""A time after every event: an interval still open when the log ends."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Interval:
+    """``broker`` served ``bundle`` during ``[start, end)`` (nanoseconds of one clock)."""
+
+    bundle: str
+    start: int
+    end: int
+    broker: str
+
+
+def _lease_windows(events: list[Event]) -> list[tuple[int, int]]:
+    """The times a broker held a valid lease: from each grant to its ``until_ns``, merged."""
+    windows: list[tuple[int, int]] = []
+    for e in events:
+        if e["event"] != "lease":
+            continue
+        start, until = int(e["t_ns"]), int(str(e["until_ns"]))  # type: ignore[call-overload]
+        if until <= start:
+            continue
+        if windows and start <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(windows[-1][1], until))
+        else:
+            windows.append((start, until))
+    return windows
+
+
+def serving_intervals(events: Iterable[Event], killed_at_ns: Mapping[str, int]) -> list[Interval]:
+    """Every interval any broker served any bundle, from the merged event logs."""
+    by_broker: dict[str, list[Event]] = {}
+    for e in sorted(events, key=lambda e: int(e["t_ns"])):  # type: ignore[call-overload]
+        by_broker.setdefault(str(e["broker"]), []).append(e)
+    out: list[Interval] = []
+    for broker, log in by_broker.items():
+        death = killed_at_ns.get(broker, END)
+        assigned: list[tuple[str, int, int]] = []
+        since: dict[str, int] = {}
+        for e in log:
+            t, bundle = int(e["t_ns"]), e["bundle"]  # type: ignore[call-overload]
+            if e["event"] == "own" and isinstance(bundle, str):
+                since.setdefault(bundle, t)
+            elif e["event"] in ("release", "close") and isinstance(bundle, str):
+                if bundle in since:
+                    assigned.append((bundle, since.pop(bundle), t))
+            elif e["event"] == "session" and e.get("detail") == "lost":
+                assigned.extend((b, s, t) for b, s in since.items())
+                since.clear()
+        assigned.extend((b, s, END) for b, s in since.items())
+        windows = _lease_windows(log)
+        for bundle, start, end in assigned:
+            end = min(end, death)
+            for w_start, w_end in windows:
+                lo, hi = max(start, w_start), min(end, w_end)
+                if lo < hi:
+                    out.append(Interval(bundle, lo, hi, broker))
+    return sorted(out)
+
+
+def dual_serving(intervals: Iterable[Interval]) -> list[str]:
+    """Every overlap of two brokers serving one bundle, as a sentence with its length."""
+    by_bundle: dict[str, list[Interval]] = {}
+    for i in intervals:
+        by_bundle.setdefault(i.bundle, []).append(i)
+    problems: list[str] = []
+    for bundle, spans in by_bundle.items():
+        spans.sort()
+        for n, a in enumerate(spans):
+            for b in spans[n + 1 :]:
+                if b.start >= a.end:
+                    break
+                if b.broker != a.broker:
+                    ms = (min(a.end, b.end) - b.start) / 1e6
+                    problems.append(
+                        f"{bundle}: {a.broker} and {b.broker} both served it for {ms:.3f} ms"
+                    )
+    return problems

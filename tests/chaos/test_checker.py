@@ -1,0 +1,75 @@
+"""The dual-serving checker on synthetic event logs: it must find what it exists to find."""
+
+from __future__ import annotations
+
+from tests.chaos.checker import Interval, dual_serving, serving_intervals
+
+MS = 1_000_000
+B = "public/demo/0x00000000_0x10000000"
+
+
+def ev(t_ms: float, broker: str, event: str, bundle: str | None = B, **detail: object) -> dict:
+    return {"t_ns": round(t_ms * MS), "broker": broker, "event": event, "bundle": bundle, **detail}
+
+
+def lease(t_ms: float, broker: str, until_ms: float) -> dict:
+    return ev(t_ms, broker, "lease", None, until_ns=str(round(until_ms * MS)))
+
+
+def test_a_planted_one_millisecond_overlap_is_found() -> None:
+    events = [
+        lease(0, "a", 10_000),
+        ev(1, "a", "own"),
+        ev(5_000, "a", "release"),
+        lease(0, "b", 10_000),
+        ev(4_999, "b", "own"),
+    ]
+    problems = dual_serving(serving_intervals(events, {}))
+    assert problems == [f"{B}: a and b both served it for 1.000 ms"]
+
+
+def test_a_hand_over_with_no_gap_is_no_overlap() -> None:
+    events = [
+        lease(0, "a", 10_000),
+        ev(1, "a", "own"),
+        ev(5_000, "a", "release"),
+        lease(0, "b", 10_000),
+        ev(5_000, "b", "own"),
+    ]
+    assert dual_serving(serving_intervals(events, {})) == []
+
+
+def test_a_silent_broker_serves_only_until_its_lease_ends() -> None:
+    # a is paused after its last grant: it logs nothing more, but its lease ends at 3 s.
+    events = [
+        lease(0, "a", 3_000),
+        ev(1, "a", "own"),
+        lease(2_000, "b", 9_000),
+        ev(3_000, "b", "own"),
+    ]
+    intervals = serving_intervals(events, {})
+    assert Interval(B, 1 * MS, 3_000 * MS, "a") in intervals
+    assert dual_serving(intervals) == []
+    later = [*events[:2], lease(2_000, "b", 9_000), ev(2_999, "b", "own")]
+    assert dual_serving(serving_intervals(later, {})) == [
+        f"{B}: a and b both served it for 1.000 ms"
+    ]
+
+
+def test_nothing_is_served_without_a_lease_or_after_death() -> None:
+    events = [ev(1, "a", "own"), lease(0, "b", 9_000), ev(2, "b", "own")]
+    assert dual_serving(serving_intervals(events, {})) == []  # a never held a lease
+    killed = [lease(0, "a", 9_000), ev(1, "a", "own"), lease(0, "b", 9_000), ev(600, "b", "own")]
+    assert dual_serving(serving_intervals(killed, {"a": 500 * MS})) == []
+    assert dual_serving(serving_intervals(killed, {"a": 601 * MS})) != []
+
+
+def test_a_lost_session_ends_every_bundle() -> None:
+    events = [
+        lease(0, "a", 9_000),
+        ev(1, "a", "own"),
+        ev(100, "a", "session", None, detail="lost"),
+        lease(0, "b", 9_000),
+        ev(100, "b", "own"),
+    ]
+    assert dual_serving(serving_intervals(events, {})) == []
