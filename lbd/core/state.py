@@ -118,6 +118,11 @@ class ServiceUnitStateData:
                 "dst_broker and source_broker are both empty; name at least one"
             )
         if self.split_children is not None:
+            if len(self.split_children) > MAX_SPLIT_CHILDREN:
+                raise InvalidInputError(
+                    f"split_children: {len(self.split_children)} children, at most "
+                    f"{MAX_SPLIT_CHILDREN}"
+                )
             for child, broker in self.split_children.items():
                 if not isinstance(child, str) or not child.strip():
                     raise InvalidInputError(f"split_children: bad bundle id {child!r}")
@@ -126,11 +131,19 @@ class ServiceUnitStateData:
             object.__setattr__(self, "split_children", MappingProxyType(dict(self.split_children)))
 
 
+INT64_MAX: Final = 2**63 - 1
+"""The largest version, term or timestamp: the API carries them as int64."""
+MAX_VALUE_BYTES: Final = 64 * 1024
+"""A channel value larger than this is malformed (a real one is a few hundred bytes)."""
+MAX_BROKER_ID_CHARS: Final = 256
+MAX_SPLIT_CHILDREN: Final = 1024
+
+
 def _check_count(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidInputError(f"{name} must be an integer, got {value!r}")
-    if value < 0:
-        raise InvalidInputError(f"{name} must be >= 0, got {value}")
+    if not 0 <= value <= INT64_MAX:
+        raise InvalidInputError(f"{name} must be between 0 and 2^63-1, got {value}")
 
 
 def _check_broker(name: str, value: object) -> None:
@@ -140,6 +153,10 @@ def _check_broker(name: str, value: object) -> None:
         raise InvalidInputError(f"{name} must be a string or null, got {value!r}")
     if not value.strip():
         raise InvalidInputError(f"{name} must not be blank (use null)")
+    if len(value) > MAX_BROKER_ID_CHARS or not value.isprintable():
+        raise InvalidInputError(
+            f"{name} must be at most {MAX_BROKER_ID_CHARS} printable characters, got {value[:40]!r}"
+        )
 
 
 def state_of(data: ServiceUnitStateData | None) -> ServiceUnitState:
@@ -245,6 +262,8 @@ def decode_value(raw: bytes) -> ServiceUnitStateData | None:
     """
     if not raw:
         return None
+    if len(raw) > MAX_VALUE_BYTES:
+        raise InvalidInputError(f"value is {len(raw)} bytes, more than {MAX_VALUE_BYTES}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

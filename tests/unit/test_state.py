@@ -406,7 +406,10 @@ BAD_VALUES = [
     (b'{"state": "Owned", "version_id": "1", "dst_broker": "a"}', "version_id must be an integer"),
     (b'{"state": "Owned", "version_id": 1.5, "dst_broker": "a"}', "version_id must be an integer"),
     (b'{"state": "Owned", "version_id": true, "dst_broker": "a"}', "version_id must be an integer"),
-    (b'{"state": "Owned", "version_id": -1, "dst_broker": "a"}', "version_id must be >= 0"),
+    (
+        b'{"state": "Owned", "version_id": -1, "dst_broker": "a"}',
+        "version_id must be between 0 and 2^63-1",
+    ),
     (b'{"state": "Owned", "version_id": 1, "dst_broker": 5}', "dst_broker must be a string"),
     (b'{"state": "Owned", "version_id": 1, "source_broker": {}}', "source_broker must be a string"),
     (b'{"state": "Owned", "version_id": 1}', "dst_broker and source_broker are both empty"),
@@ -418,7 +421,32 @@ BAD_VALUES = [
     ),
     (
         b'{"state": "Owned", "version_id": 1, "dst_broker": "a", "leader_term": -2}',
-        "leader_term must be >= 0",
+        "leader_term must be between 0 and 2^63-1",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 18446744073709551616, "dst_broker": "a"}',
+        "version_id must be between 0 and 2^63-1",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 1, "dst_broker": "a", '
+        b'"leader_term": 9223372036854775808}',
+        "leader_term must be between 0 and 2^63-1",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 1, "dst_broker": "a", "timestamp_ms": 1e400}',
+        "timestamp_ms must be an integer",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 1, "dst_broker": "' + b"x" * 300 + b'"}',
+        "dst_broker must be at most 256 printable characters",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 1, "dst_broker": "a\\u0000"}',
+        "dst_broker must be at most 256 printable characters",
+    ),
+    (
+        b'{"state": "Owned", "version_id": 1, "dst_broker": "a", "pad": "' + b"x" * 70000 + b'"}',
+        "more than 65536",
     ),
     (
         b'{"state": "Splitting", "version_id": 1, "source_broker": "a", "split_children": []}',

@@ -25,7 +25,7 @@ from lbd.core.bundles import (
 )
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, state_of
 from lbd.core.tuning import SplitConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.errors import UnavailableError
@@ -124,8 +124,14 @@ class Operations:
             self._settle_timeout_s,
         )
         self._observe_unload(started)
+        if owner_of(settled) != dst:
+            now = "gone" if settled is None else f"{settled.state.value} at {settled.dst_broker}"
+            raise PreconditionError(
+                f"transfer of {bundle} to {dst} did not complete: the bundle is {now} (the "
+                "destination may have left during the move; the leader reassigned it)"
+            )
         _log.info("transferred %s from %s to %s", bundle, owner, dst)
-        return owner, (settled.dst_broker if settled is not None and settled.dst_broker else dst)
+        return owner, dst
 
     async def unload(self, bundle: BundleId) -> BrokerId:
         """Unload an Owned bundle (it becomes Free; the next lookup assigns it); its old owner."""
@@ -208,9 +214,14 @@ class Operations:
             bundle, _S.Splitting, src=self._me, split_children=dict.fromkeys(children, self._me)
         )
         self._record("split", bundle, src=self._me, reason=reason)
-        await self._proposer.settle(
+        settled = await self._proposer.settle(
             bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
         )
+        if state_of(settled) is not _S.Deleted:
+            raise PreconditionError(
+                f"split of {bundle} did not complete: the bundle is {state_of(settled).value} "
+                "again (the leader rolled the stuck split back)"
+            )
         _log.info("split %s into %s (%s)", bundle, ", ".join(children), algo)
         return SplitOutcome(bundle, children, self._me)
 

@@ -1,9 +1,11 @@
 """Operations: assign, transfer, unload, split; bad requests are refused and change nothing."""
 
 import asyncio
+import dataclasses
 
 import pytest
 from harness import DEFAULT_NAMESPACE, Harness
+from rig import QUIET, settle, turns
 
 from lbd.core.broker import LoadReport
 from lbd.core.bundles import NamespaceBundles, TopicLoad, parse_bundle_id, topic_hash
@@ -13,6 +15,7 @@ from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
 from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import MonitorConfig
 
 S = ServiceUnitState
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)
@@ -244,3 +247,43 @@ async def test_bad_split_requests_change_nothing() -> None:
         with pytest.raises(PreconditionError, match="above its max of 2"):
             await a.operations.split(capped, "range_equally_divide")
         assert snapshot(h) == before
+
+
+# -- responses say what happened -----------------------------------------------------------------
+
+QUICK_MONITOR = dataclasses.replace(
+    QUIET, monitor=MonitorConfig(interval_s=1.0, inflight_timeout_s=5.0, orphan_cleanup_grace_s=5.0)
+)
+"""The leader's monitor sweeping every second, with short grace and in-flight timeouts."""
+
+
+async def test_a_transfer_whose_destination_died_mid_move_says_so() -> None:
+    async with Harness(config=QUICK_MONITOR) as h:
+        a = await h.add("a")  # the leader: the first to campaign
+        b = await h.add("b", auto_ack=False, fake_broker=True, ack_own=None)
+        await h.add("c")
+        await h.ready()
+        await a.operations.assign(B0, a.me)
+        await h.idle()
+        transfer = asyncio.create_task(a.operations.transfer(B0, b.me))
+        await turns(lambda: (v := a.follower.get(B0)) is not None and v.state is S.Assigning)
+        await b.close()  # b dies before it took the bundle
+        await settle(h.clock, transfer.done, seconds=20)
+        with pytest.raises(PreconditionError, match=f"transfer of {B0} to b did not complete"):
+            await transfer
+        assert h.owner(B0) in ("a", "c")
+
+
+async def test_a_split_the_leader_rolled_back_says_so() -> None:
+    async with Harness(config=QUICK_MONITOR) as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(B0, a.me)
+        await h.idle()
+        a.broker.ack_own = False  # it will not take the children: the split gets stuck
+        splitting = asyncio.create_task(a.operations.split(B0, "range_equally_divide"))
+        await settle(h.clock, splitting.done, seconds=20)
+        with pytest.raises(PreconditionError, match=f"split of {B0} did not complete"):
+            await splitting
+        assert h.owner(B0) == "a"
+        assert a.metrics.split_total.labels(result="Failure", reason="Admin")._value.get() == 1
