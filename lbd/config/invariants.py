@@ -160,6 +160,16 @@ def _retry_vs_ttl(s: Settings) -> str | None:
     return f"must be < etcd.lease_ttl_s = {ttl} (got {_n(retry)}): a retry must come within a lease"
 
 
+def _silence_vs_lease(s: Settings) -> str | None:
+    silence, lease = s.broker.silence_timeout_s, s.broker.serving_lease_s
+    if silence > lease:
+        return None
+    return (
+        f"must be > broker.serving_lease_s = {_n(lease)} (got {_n(silence)}): a live broker "
+        "asks for its lease every quarter of it, and must not look silent"
+    )
+
+
 def _tombstone_vs_inflight(s: Settings) -> str | None:
     tomb, inflight = s.monitor.tombstone_after_s, s.monitor.inflight_timeout_s
     if tomb > inflight:
@@ -240,6 +250,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         ("etcd.fence_check_interval_s", "etcd.keepalive_interval_s"), _fence_check_vs_keepalive
     ),
     Invariant(("etcd.retry_s", "etcd.lease_ttl_s"), _retry_vs_ttl),
+    Invariant(("broker.silence_timeout_s", "broker.serving_lease_s"), _silence_vs_lease),
     Invariant(("monitor.tombstone_after_s", "monitor.inflight_timeout_s"), _tombstone_vs_inflight),
     Invariant(("shedding.load_data_ttl_s", "load_report.interval_s"), _load_ttl_vs_report),
     Invariant(

@@ -273,6 +273,11 @@ class BrokerSettings(Section):
     etcd.fence_after_s + serving_lease_s + etcd.fence_margin_s must fit in
     monitor.orphan_cleanup_grace_s: the broker has stopped before its bundles may go elsewhere.
     Shorter stops a cut-off broker sooner; longer rides out longer pauses of the sidecar."""
+    silence_timeout_s: Seconds = 30.0
+    """An attached broker that sends nothing (no load report, no lease request, no ack) for this
+    long is deregistered, so that its bundles follow the orphan path, and its last load report is
+    no longer published as fresh. Above serving_lease_s: a live broker asks for its lease every
+    quarter of it."""
     release_ack_timeout_s: Seconds = 10.0
     """How long a Releasing bundle waits for the broker's acknowledgement before moving on
     anyway (counted in a metric). Below monitor.inflight_timeout_s, so the sidecar settles its
@@ -510,6 +515,7 @@ class Settings(BaseModel):
                 retry_s=self.etcd.retry_s,
                 serving_lease_s=self.broker.serving_lease_s,
                 lease_margin_s=self.etcd.fence_margin_s,
+                silence_timeout_s=self.broker.silence_timeout_s,
             ),
             assignment=self.assignment.to_core(),
             shedding=self.shedding.to_core(),

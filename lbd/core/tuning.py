@@ -158,6 +158,8 @@ class SidecarTimings:
     """The broker's serving lease (``broker.serving_lease_s``)."""
     lease_margin_s: float = 5.0
     """Added to every wait for a granted lease to run out (``etcd.fence_margin_s``)."""
+    silence_timeout_s: float = 30.0
+    """An attached broker silent this long is deregistered (``broker.silence_timeout_s``)."""
 
     def __post_init__(self) -> None:
         bad = [

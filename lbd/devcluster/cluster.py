@@ -64,6 +64,7 @@ DEV_SETTINGS: Mapping[str, str] = {
     "broker.own_ack_timeout_s": "3",
     "broker.release_ack_timeout_s": "3",
     "broker.serving_lease_s": "2",
+    "broker.silence_timeout_s": "6",
     # Reports every second and a shedder every five: the live view moves while you watch.
     "load_report.interval_s": "1",
     "shedding.interval_s": "5",

@@ -302,7 +302,12 @@ def build_sidecar(
             metrics=metrics,
         ),
         registration=BrokerRegistration(
-            link, registry, clock, self_info=info, retry_s=timings.retry_s
+            link,
+            registry,
+            clock,
+            self_info=info,
+            retry_s=timings.retry_s,
+            silence_timeout_s=timings.silence_timeout_s,
         ),
         lookup=lookup,
         operations=operations,
@@ -317,6 +322,7 @@ def build_sidecar(
             history=history,
             host=host,
             on_death=on_death,
+            stale_after_s=timings.silence_timeout_s,
         ),
         splitter=SplitScheduler(
             me,

@@ -268,6 +268,10 @@ INVARIANT_CASES = [
     ),
     ("[etcd]\nretry_s = 15", "etcd.retry_s: must be < etcd.lease_ttl_s = 15 (got 15)"),
     (
+        "[broker]\nsilence_timeout_s = 10",
+        "broker.silence_timeout_s: must be > broker.serving_lease_s = 10 (got 10)",
+    ),
+    (
         "[monitor]\ninflight_timeout_s = 40\ntombstone_after_s = 40",
         "monitor.tombstone_after_s: must be > monitor.inflight_timeout_s = 40 (got 40)",
     ),

@@ -121,6 +121,10 @@ class BrokerLink:
         self._fenced = False
         self.latest_report: LoadReport | None = None
         """The broker's latest load report (None before the first)."""
+        self.latest_report_at: float | None = None
+        """When it arrived, on the sidecar's clock."""
+        self.last_heard: float | None = None
+        """When the attached broker last sent anything, on the sidecar's clock."""
 
     @property
     def me(self) -> BrokerId:
@@ -316,6 +320,7 @@ class BrokerLink:
                 f"broker {first.info.broker_id!r} said Hello to the sidecar of broker {self._me!r}"
             )
         session = _Session(first.info)
+        self.last_heard = self._clock.monotonic()
         previous, self._session = self._session, session
         if previous is not None:
             _log.info("broker %s: a new session replaces the open one", self._me)
@@ -343,6 +348,7 @@ class BrokerLink:
     async def _read(self, stream: AsyncIterator[BrokerMessage], session: _Session) -> None:
         try:
             async for message in stream:
+                self.last_heard = self._clock.monotonic()
                 match message:
                     case CommandAck():
                         future = session.pending.get(message.command_id)
@@ -350,6 +356,7 @@ class BrokerLink:
                             future.set_result(message)
                     case LoadReport():
                         self.latest_report = message
+                        self.latest_report_at = self.last_heard
                     case LeaseRequest():
                         self._on_lease_request(message, session)
                     case Hello():

@@ -41,6 +41,10 @@ from lbd.tasks import cancel_and_wait, guard
 _log = logging.getLogger(__name__)
 
 
+class StaleReportError(Exception):
+    """The attached broker has not reported for too long: nothing fresh to publish."""
+
+
 class UsageSampler(Protocol):
     """Measures the host when no broker reports (:class:`HostLoadSampler`)."""
 
@@ -71,6 +75,7 @@ class LoadReporter:
         weights: ResourceWeights | None = None,
         host: UsageSampler | None = None,
         on_death: Callable[[str, BaseException], None] | None = None,
+        stale_after_s: float = 30.0,
     ) -> None:
         """Every ``interval_s`` publish the load and the ``top_bundles`` busiest bundles;
         ``host`` measures the host while no broker reports (default: this machine's /proc)."""
@@ -80,6 +85,7 @@ class LoadReporter:
         self._loads = loads
         self._clock = clock
         self._interval_s = interval_s
+        self._stale_after_s = stale_after_s
         self._top_count = top_bundles
         self._weights = weights or ResourceWeights()
         self._host = host if host is not None else HostLoadSampler()
@@ -137,6 +143,11 @@ class LoadReporter:
     def _measure(self) -> tuple[BrokerUsage, tuple[BundleLoad, ...]]:
         report: LoadReport | None = self._link.latest_report if self._link.attached else None
         if report is not None:
+            received = self._link.latest_report_at
+            if received is None or self._clock.monotonic() - received > self._stale_after_s:
+                raise StaleReportError(
+                    f"the broker's latest load report is older than {self._stale_after_s:g}s"
+                )
             return report.usage, report.bundles
         # Three small files served from kernel memory: cheaper to read here than to hand to a
         # thread.
@@ -149,6 +160,9 @@ class LoadReporter:
                 data = await self.report_once()
             except UnavailableError as e:
                 _log.warning("load report not published: %s", e)
+            except StaleReportError as e:
+                # Not republished as fresh: readers let the old value expire with its TTL.
+                _log.warning("load report skipped: %s", e)
             except (OSError, InvalidInputError) as e:
                 _log.warning("load report skipped: cannot measure the host: %s", e)
             else:

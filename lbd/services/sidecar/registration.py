@@ -5,6 +5,11 @@ is written when a broker says Hello (with what the broker said about itself) and
 session ends. With ``broker.auto_ack`` the sidecar stands in for an absent broker and keeps a
 registration of its own configured info instead.
 
+A broker that is attached but silent (no report, no lease request, no ack) for
+``silence_timeout_s`` is deregistered as if it had left, so that its bundles follow the orphan
+path; that is safe because a silent broker asks for no serving lease and has stopped serving by
+then. It is registered again as soon as it is heard from.
+
 A registration that meets an outage is retried every ``retry_s`` until it lands; the lease it
 lives under is the metadata session's (:mod:`lbd.adapters.session`), which re-registers it by
 itself after a lease loss.
@@ -39,6 +44,7 @@ class BrokerRegistration:
         *,
         self_info: BrokerInfo,
         retry_s: float,
+        silence_timeout_s: float,
     ) -> None:
         """``self_info`` is registered with auto-ack while no broker is attached; its
         ``sidecar_grpc_addr`` is filled into a broker's own info when that lacks one."""
@@ -47,7 +53,10 @@ class BrokerRegistration:
         self._clock = clock
         self._self_info = self_info
         self._retry_s = retry_s
+        self._silence_timeout_s = silence_timeout_s
+        self._silent = False
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._registration: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -56,14 +65,17 @@ class BrokerRegistration:
             return
         events = self._link.events()
         self._task = guard(self._follow(events), name=f"registration-{self._link.me}")
+        self._watch = guard(self._watch_silence(), name=f"silence-{self._link.me}")
         if self._link.auto_ack and not self._link.attached:
             self._register(self._self_info)
 
     async def close(self) -> None:
         """Stop following (the registration stays until the lease goes). Idempotent."""
         task, self._task = self._task, None
+        watch, self._watch = self._watch, None
         registration, self._registration = self._registration, None
         await cancel_and_wait(task)
+        await cancel_and_wait(watch)
         await cancel_and_wait(registration)
 
     async def __aenter__(self) -> BrokerRegistration:
@@ -82,10 +94,32 @@ class BrokerRegistration:
         except UnavailableError as e:
             _log.warning("deregistering %s failed: %s", self._link.me, e)
 
+    async def _watch_silence(self) -> None:
+        while True:
+            await self._clock.sleep(self._silence_timeout_s / 4)
+            info, heard = self._link.info, self._link.last_heard
+            if info is None or heard is None:
+                self._silent = False
+                continue
+            quiet_s = self._clock.monotonic() - heard
+            if quiet_s >= self._silence_timeout_s and not self._silent:
+                self._silent = True
+                _log.warning(
+                    "broker %s silent for %.1fs: deregistered, its bundles follow the orphan path",
+                    info.broker_id,
+                    quiet_s,
+                )
+                await self.deregister()
+            elif quiet_s < self._silence_timeout_s and self._silent:
+                self._silent = False
+                _log.info("broker %s heard from again: registered", info.broker_id)
+                self._register(info)
+
     async def _follow(self, events: AsyncGenerator[LinkEvent, None]) -> None:
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.kind is LinkEventKind.ATTACHED and event.info is not None:
+                    self._silent = False
                     self._register(event.info)
                 elif event.kind is LinkEventKind.DETACHED:
                     if self._link.auto_ack:

@@ -92,6 +92,7 @@ class Timing:
     retry_s: float = 1.0
     serving_lease_s: float = 4.0
     lease_margin_s: float = 1.0
+    silence_timeout_s: float = 12.0
 
     def timings(self) -> SidecarTimings:
         """The sidecar's timings (Own and Release share ``ack_timeout_s``)."""
@@ -104,6 +105,7 @@ class Timing:
             retry_s=self.retry_s,
             serving_lease_s=self.serving_lease_s,
             lease_margin_s=self.lease_margin_s,
+            silence_timeout_s=self.silence_timeout_s,
         )
 
 
@@ -140,6 +142,8 @@ class FakeBroker:
         self._leasing: asyncio.Task[None] | None = None
         self.lease = BrokerLease()
         """Its serving lease (the broker contract): it serves nothing once this ran out."""
+        self.paused = False
+        """A paused broker (SIGSTOP) does nothing: no ack, no lease request, no report."""
 
     @property
     def id(self) -> BrokerId:
@@ -188,8 +192,11 @@ class FakeBroker:
         out unrenewed (noticed at the next tick, and never counted as serving after its end)."""
         clock = self._harness.clock
         while True:
-            self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
+            if not self.paused:
+                self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
             await clock.sleep(self._harness.timing.serving_lease_s / 4)
+            if self.paused:
+                continue  # it notices nothing while paused; its clock runs on
             if self.lease.lapse_if_due(clock.monotonic()):
                 self._harness._record(BrokerEvent(self.id, "lapse", BundleId("")))
                 self.serving.clear()
@@ -214,6 +221,8 @@ class FakeBroker:
     def _handle(self, message: SidecarMessage) -> None:
         command = message.command
         answer: bool | None = True
+        if self.paused:
+            return  # lost: a real paused broker would read it on resume, too late to matter
         match command:
             case ServingLease():
                 self.lease.grant(command, self._harness.clock.monotonic())

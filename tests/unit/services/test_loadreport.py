@@ -28,7 +28,7 @@ from lbd.ports.history import NoHistory
 from lbd.services.cluster.loads import LoadView
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.hostload import HostLoadSampler, parse_cpu, parse_meminfo, parse_net_dev
-from lbd.services.sidecar.loadreport import LoadReporter, top_bundles
+from lbd.services.sidecar.loadreport import LoadReporter, StaleReportError, top_bundles
 
 ME = BrokerId("broker-a")
 TTL_MS = 30_000
@@ -238,3 +238,21 @@ def test_a_malformed_host_file_is_named() -> None:
         parse_meminfo("MemTotal: 10 kB\n")
     with pytest.raises(InvalidInputError, match="cpu"):
         parse_cpu("intr 1 2 3\n")
+
+
+async def test_a_silent_brokers_last_report_is_not_published_as_fresh() -> None:
+    clock = ManualClock()
+    rig = Rig(clock)
+    await rig.start_readers()
+    async with attached_broker(rig.link) as inbox:
+        await delivered(inbox, rig.link, cpu(50.0, ()))
+        await rig.reporter.report_once()
+        published = rig.seen_load()
+        assert published is not None
+        await clock.run_for(31)  # the broker says nothing more (paused, stuck)
+        with pytest.raises(StaleReportError, match="older than 30s"):
+            await rig.reporter.report_once()
+        # Nothing new was published: the old value stands, and readers let it expire.
+        raw = rig.load_reader.latest(clock.now_ms(), 10**9)[ME]
+        assert BrokerLoadData.from_json(raw) == published
+        assert rig.seen_load() is None

@@ -2,13 +2,15 @@
 registration while attached."""
 
 import asyncio
+import dataclasses
 
 from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
-from rig import turns
+from rig import QUIET, settle, turns
 
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId
 from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import MonitorConfig
 
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
 B0 = BUNDLES[0]
@@ -155,3 +157,20 @@ async def test_a_transfer_releases_on_the_source_before_the_destination_owns() -
         value = b.follower.get(B0)
         assert (value.state, value.dst_broker, value.source_broker) == (S.Owned, "b", "a")
         assert h.violations == []
+
+
+async def test_a_silent_broker_is_deregistered_and_its_bundles_move_after_its_lease() -> None:
+    monitor = MonitorConfig(interval_s=1.0, orphan_cleanup_grace_s=5.0)
+    async with Harness(config=dataclasses.replace(QUIET, monitor=monitor)) as h:
+        a = await h.add("a")  # the leader
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(B0, b.me)
+        await h.idle()
+        b.broker.paused = True  # as in a long GC pause: its stream stays open
+        await settle(h.clock, lambda: a.registry.get(b.me) is None, seconds=20)
+        assert not b.broker.may_serve()  # its lease ran out long before
+        await settle(h.clock, lambda: h.owner(B0) == a.me, seconds=20)
+        assert h.violations == []
+        b.broker.paused = False
+        await settle(h.clock, lambda: a.registry.get(b.me) is not None, seconds=10)
