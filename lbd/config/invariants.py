@@ -170,6 +170,16 @@ def _silence_vs_lease(s: Settings) -> str | None:
     )
 
 
+def _publish_vs_settle(s: Settings) -> str | None:
+    publish, settle = s.pulsar.publish_timeout_s, s.assignment.settle_timeout_s
+    if publish < settle:
+        return None
+    return (
+        f"must be < assignment.settle_timeout_s = {_n(settle)} (got {_n(publish)}): a lookup "
+        "must be able to publish within the time it waits"
+    )
+
+
 def _tombstone_vs_inflight(s: Settings) -> str | None:
     tomb, inflight = s.monitor.tombstone_after_s, s.monitor.inflight_timeout_s
     if tomb > inflight:
@@ -251,6 +261,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     Invariant(("etcd.retry_s", "etcd.lease_ttl_s"), _retry_vs_ttl),
     Invariant(("broker.silence_timeout_s", "broker.serving_lease_s"), _silence_vs_lease),
+    Invariant(("pulsar.publish_timeout_s", "assignment.settle_timeout_s"), _publish_vs_settle),
     Invariant(("monitor.tombstone_after_s", "monitor.inflight_timeout_s"), _tombstone_vs_inflight),
     Invariant(("shedding.load_data_ttl_s", "load_report.interval_s"), _load_ttl_vs_report),
     Invariant(

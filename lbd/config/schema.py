@@ -237,6 +237,11 @@ class PulsarSettings(Section):
         str, AfterValidator(_url_check("pulsar", "pulsar+ssl", "http", "https"))
     ] = "pulsar://127.0.0.1:6650"
     """Pulsar service URL (env LBD_PULSAR_URL). The default is a local pulsar-lite."""
+    publish_timeout_s: Seconds = 2.0
+    """A state-channel write the channel has not taken within this fails at once as UNAVAILABLE
+    (a lookup that needs an assignment, an admin call), instead of waiting out
+    operation_timeout_s while Pulsar is down; lookups of owned bundles keep answering from the
+    table. Below assignment.settle_timeout_s."""
     operation_timeout_s: Seconds = 30.0
     """Deadline of one Pulsar client operation (the Pulsar client's own default)."""
     state_channel_topic: Annotated[TopicStr, AfterValidator(_check_channel_topic)] = (
@@ -516,6 +521,7 @@ class Settings(BaseModel):
                 serving_lease_s=self.broker.serving_lease_s,
                 lease_margin_s=self.etcd.fence_margin_s,
                 silence_timeout_s=self.broker.silence_timeout_s,
+                publish_timeout_s=self.pulsar.publish_timeout_s,
             ),
             assignment=self.assignment.to_core(),
             shedding=self.shedding.to_core(),

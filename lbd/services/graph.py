@@ -188,7 +188,12 @@ def build_sidecar(
     follower = ChannelFollower(ports.channel, name=f"channel-follower-{me}", on_death=on_death)
     metrics.track_follower(follower.stats)
     proposer = Proposer(
-        ports.channel, follower, clock, apply_timeout_s=timings.settle_timeout_s, metrics=metrics
+        ports.channel,
+        follower,
+        clock,
+        apply_timeout_s=timings.settle_timeout_s,
+        publish_timeout_s=timings.publish_timeout_s,
+        metrics=metrics,
     )
     registry = BrokerRegistry(ports.metadata, clock)
     namespaces = NamespaceService(ports.metadata, config.default_namespace_bundles)

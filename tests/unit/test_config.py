@@ -268,6 +268,10 @@ INVARIANT_CASES = [
     ),
     ("[etcd]\nretry_s = 15", "etcd.retry_s: must be < etcd.lease_ttl_s = 15 (got 15)"),
     (
+        "[pulsar]\npublish_timeout_s = 30",
+        "pulsar.publish_timeout_s: must be < assignment.settle_timeout_s = 30 (got 30)",
+    ),
+    (
         "[broker]\nsilence_timeout_s = 10",
         "broker.silence_timeout_s: must be > broker.serving_lease_s = 10 (got 10)",
     ),

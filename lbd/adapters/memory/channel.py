@@ -32,6 +32,7 @@ class MemoryLog:
         self._ledger_id = ledger_id
         self._messages: list[ChannelMessage] = []
         self._available = True
+        self._publishes_hang = False
         self._changed = asyncio.Event()
         self._followers: set[_FollowerState] = set()
 
@@ -56,6 +57,16 @@ class MemoryLog:
     def come_back(self) -> None:
         """End the outage: followers resume where they were."""
         self._available = True
+        self._notify()
+
+    @property
+    def publishes_hang(self) -> bool:
+        """Whether a publish waits (as a Pulsar producer does while its broker is down)."""
+        return self._publishes_hang
+
+    def hang_publishes(self, hang: bool) -> None:
+        """Make every publish wait until this is called with False (then it goes through)."""
+        self._publishes_hang = hang
         self._notify()
 
     def redeliver(self, count: int) -> None:
@@ -110,6 +121,8 @@ class MemoryChannelLog:
         self._check_open()
         # A suspension point, as a real send has: concurrent publishers interleave.
         await asyncio.sleep(0)
+        while self._log.publishes_hang:
+            await self._log._changed.wait()
         self._check_open()
         return self._log.append(key, value)
 

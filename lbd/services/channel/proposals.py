@@ -72,12 +72,16 @@ class Proposer:
         clock: Clock,
         *,
         apply_timeout_s: float,
+        publish_timeout_s: float,
         metrics: Metrics,
     ) -> None:
         """``apply_timeout_s`` bounds :meth:`propose_and_wait`'s wait for the follower to apply
-        the proposal (the sidecar's ``assignment.settle_timeout_s``)."""
+        the proposal (the sidecar's ``assignment.settle_timeout_s``); a publish the channel does
+        not take within ``publish_timeout_s`` fails with UnavailableError (it may still land
+        later: the resolver judges it then like any other)."""
         self._channel = channel
         self._apply_timeout_s = apply_timeout_s
+        self._publish_timeout_s = publish_timeout_s
         self._metrics = metrics
         self._follower = follower
         self._clock = clock
@@ -150,7 +154,15 @@ class Proposer:
         """Publish one value (None: a tombstone), counted by state and result."""
         state = None if value is None else value.state
         try:
-            position = await self._channel.publish(bundle, encode_value(value))
+            position = await within(
+                self._clock,
+                self._publish_timeout_s,
+                self._channel.publish(bundle, encode_value(value)),
+                f"publishing {_describe(value) if value is not None else 'a tombstone'}",
+            )
+        except DeadlineError as e:
+            self._metrics.observe_published(state, ok=False)
+            raise UnavailableError(f"the state channel is not taking writes: {e}") from None
         except UnavailableError:
             self._metrics.observe_published(state, ok=False)
             raise

@@ -196,3 +196,27 @@ async def test_safe_mode_answers_owned_bundles_but_assigns_nothing() -> None:
         await h.clock.run_for(h.timing.keepalive_interval_s + 0.1, step=0.5)
         assert a.registry.reachable
         assert (await a.lookup.lookup(other)).state is ServiceUnitState.Owned
+
+
+async def test_while_the_channel_takes_no_writes_new_assignments_fail_fast_and_owned_answer() -> (
+    None
+):
+    async with Harness() as h:
+        a, _ = await h.start(2)
+        owned = await a.lookup.lookup(TOPIC)
+        await h.idle()
+        h.log.hang_publishes(True)  # Pulsar down: a producer's send just waits
+        other = next(
+            t
+            for t in (f"persistent://public/default/t{i}" for i in range(100))
+            if bundle_of(t) != owned.bundle
+        )
+        waiting = asyncio.create_task(a.lookup.lookup(other))
+        await let_run()
+        await h.clock.run_for(h.config.timings.publish_timeout_s + 0.5, step=0.5)
+        with pytest.raises(UnavailableError, match="not taking writes"):
+            async with asyncio.timeout(2):
+                await waiting
+        again = await a.lookup.lookup(TOPIC)
+        assert (again.bundle, again.owner_id) == (owned.bundle, owned.owner_id)
+        h.log.hang_publishes(False)

@@ -30,7 +30,14 @@ async def proposers():
         clock,
         log,
         [
-            Proposer(MemoryChannelLog(log), f, clock, apply_timeout_s=30.0, metrics=Metrics())
+            Proposer(
+                MemoryChannelLog(log),
+                f,
+                clock,
+                apply_timeout_s=30.0,
+                publish_timeout_s=2.0,
+                metrics=Metrics(),
+            )
             for f in followers
         ],
     )
