@@ -186,7 +186,7 @@ def test_the_shutdown_policy_ends_serve_when_the_lease_is_lost(
         "LBD_ETCD__KEEPALIVE_INTERVAL_S": "1",
         "LBD_ETCD__REQUEST_TIMEOUT_S": "1",
         "LBD_ETCD__FENCE_AFTER_S": "6",
-        "LBD_MONITOR__ORPHAN_CLEANUP_GRACE_S": "15",
+        "LBD_MONITOR__ORPHAN_CLEANUP_GRACE_S": "25",
     }
     with serve_process(etcd_server, pulsar_server, tmp_path, BROKER, env) as sidecar:
         wait_serving(sidecar)
