@@ -172,6 +172,10 @@ class ClusterSettings(Section):
     etcd_prefix: Annotated[str, AfterValidator(_check_prefix)] = ""
     """Root of every etcd key lbd writes (registry, leader, namespaces). Empty means
     "/lbd/<cluster.name>", which keeps clusters apart without extra configuration."""
+    startup_timeout_s: Seconds = 6.0
+    """How long `lbd serve` waits at start for etcd and Pulsar (the newest checkpoint, the state
+    channel caught up, the session granted) before it exits with one line naming the step that
+    did not finish. A large channel without a recent checkpoint needs longer."""
 
     @model_validator(mode="before")
     @classmethod
@@ -522,6 +526,7 @@ class Settings(BaseModel):
                 lease_margin_s=self.etcd.fence_margin_s,
                 silence_timeout_s=self.broker.silence_timeout_s,
                 publish_timeout_s=self.pulsar.publish_timeout_s,
+                startup_timeout_s=self.cluster.startup_timeout_s,
             ),
             assignment=self.assignment.to_core(),
             shedding=self.shedding.to_core(),

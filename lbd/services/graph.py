@@ -18,6 +18,7 @@ Start order (:meth:`Sidecar.start`), each step needing the ones before:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -35,7 +36,7 @@ from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
 from lbd.ports.checkpoint import CheckpointStore
 from lbd.ports.clock import Clock
-from lbd.ports.errors import SessionExpiredError
+from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.history import HistoryRecorder, NoHistory
 from lbd.ports.loadstore import LoadStore
 from lbd.ports.metadata import MetadataStore
@@ -115,30 +116,47 @@ class Sidecar:
     async def start(self) -> None:
         """Start every part in order (see the module docstring); on failure, stop what started.
 
-        Raises UnavailableError when etcd or Pulsar cannot be reached.
+        Raises UnavailableError when etcd or Pulsar cannot be reached, at the latest after
+        ``startup_timeout_s`` (naming the step that did not finish).
         """
         if self._stack is not None:
             return
+        timeout_s = self.config.timings.startup_timeout_s
+        step = "reading the newest checkpoint from etcd"
+        # The deadline sits inside the stack: what started is closed after it fired, not while.
         async with contextlib.AsyncExitStack() as stack:
-            table = await checkpoints.restore(self.ports.checkpoints)
-            stack.push_async_callback(self.ports.channel.close)
-            await self._started(stack, self.follower, table)
-            await self.follower.wait_ready()
-            await self._started(stack, self.ports.metadata)  # closing it revokes the lease
-            await self._started(stack, self.loads)
-            await self._started(stack, self.registry)
-            await self.namespaces.ensure(DEFAULT_NAMESPACE, self.config.default_namespace_bundles)
-            await self._started(stack, self.session)
-            await self._started(stack, self.reactor)
-            stack.push_async_callback(self.registration.deregister)  # after it stopped following
-            await self._started(stack, self.registration)
-            await self._started(stack, self.fence)
-            await self._started(stack, self.reporter)
-            await self._started(stack, self.splitter)
-            await self._started(stack, self.elector)
-            observer = guard(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
-            stack.push_async_callback(cancel_and_wait, observer)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    table = await checkpoints.restore(self.ports.checkpoints)
+                    step = "reading the state channel from Pulsar"
+                    stack.push_async_callback(self.ports.channel.close)
+                    await self._started(stack, self.follower, table)
+                    await self.follower.wait_ready()
+                    step = "starting the rest of the sidecar"
+                    await self._start_rest(stack)
+            except TimeoutError:
+                raise UnavailableError(
+                    f"the sidecar did not start within {timeout_s:g}s "
+                    f"(cluster.startup_timeout_s): {step} did not finish"
+                ) from None
             self._stack = stack.pop_all()
+
+    async def _start_rest(self, stack: contextlib.AsyncExitStack) -> None:
+        """Everything after the channel has caught up, in order."""
+        await self._started(stack, self.ports.metadata)  # closing it revokes the lease
+        await self._started(stack, self.loads)
+        await self._started(stack, self.registry)
+        await self.namespaces.ensure(DEFAULT_NAMESPACE, self.config.default_namespace_bundles)
+        await self._started(stack, self.session)
+        await self._started(stack, self.reactor)
+        stack.push_async_callback(self.registration.deregister)  # after it stopped following
+        await self._started(stack, self.registration)
+        await self._started(stack, self.fence)
+        await self._started(stack, self.reporter)
+        await self._started(stack, self.splitter)
+        await self._started(stack, self.elector)
+        observer = guard(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
+        stack.push_async_callback(cancel_and_wait, observer)
 
     async def close(self) -> None:
         """Stop every part in reverse order. Idempotent."""

@@ -24,6 +24,7 @@ import pytest
 from serve_process import Sidecar, serve_process, wait_serving
 
 from lbd.devcluster import EtcdServer, PulsarLiteServer
+from lbd.devcluster.ports import free_ports
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
@@ -199,3 +200,40 @@ def test_the_shutdown_policy_ends_serve_when_the_lease_is_lost(
     assert code == 3, log
     assert "etcd.session_expired_policy = shutdown" in log, log
     assert "Traceback" not in log, log
+
+
+def test_serve_against_an_unreachable_pulsar_exits_soon_with_one_line(
+    etcd_server: EtcdServer,
+) -> None:
+    (port,) = free_ports(1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBD_")}
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lbd.cli.main",
+            "serve",
+            "--broker-id",
+            BROKER,
+            "--grpc-addr",
+            f"127.0.0.1:{free_ports(1)[0]}",
+            "--etcd-endpoints",
+            etcd_server.client_url,
+            "--pulsar-url",
+            f"pulsar://127.0.0.1:{port}",  # nothing listens there
+            "--cluster",
+            "unreachable-pulsar",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**env, "LBD_BROKER__AUTO_ACK": "true"},
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert took < 10, f"took {took:.1f}s"
+    ours = [line for line in done.stderr.splitlines() if line.startswith("lbd: error:")]
+    assert len(ours) == 1 and "reading the state channel from Pulsar" in ours[0], done.stderr
+    assert "Traceback" not in done.stderr
