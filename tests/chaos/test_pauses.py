@@ -101,3 +101,36 @@ def test_a_paused_leader_sidecars_broker_stops_before_its_bundles_move(cluster: 
     pause_sidecar(cluster, old, witness=witness)
     converged(cluster, witness)
     assert_served_once(cluster)
+
+
+def test_a_paused_broker_loses_its_bundles_only_after_its_lease(cluster: Cluster) -> None:
+    leader = cluster.client().leader().broker_id
+    owners = cluster.owners(NAMESPACE, via=leader)
+    victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
+    moved = next(b for b, o in sorted(owners.items()) if o == victim)
+    pid = cluster.record.node(victim).broker.pid
+    os.kill(pid, signal.SIGSTOP)  # its stream stays open; it acks nothing, asks for nothing
+    try:
+        # An operator (or the shedder) moves one of its bundles meanwhile: the Release is never
+        # acknowledged, so the move waits out the paused broker's lease.
+        done = cluster.client(leader).transfer(moved, leader)
+        assert done.dst_broker_id == leader
+        # Silent past broker.silence_timeout_s, it is deregistered; its other bundles follow
+        # the orphan path.
+        wait_for(
+            f"paused {victim} deregistered",
+            lambda: (
+                True
+                if victim
+                not in {b.info.broker_id for b in cluster.client(leader).brokers().brokers}
+                else None
+            ),
+            SETTLE_S,
+        )
+        converged(cluster, leader)
+        assert victim not in cluster.owners(NAMESPACE, via=leader).values()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    converged(cluster, leader)
+    # It logged nothing while paused: only the lease ends bound what it served.
+    assert dual_serving(serving_intervals(cluster.events(), cluster.killed_at_ns)) == []
