@@ -228,13 +228,6 @@ def build_sidecar(
         rng=rng,
         history=history,
     )
-    metadata = ports.metadata
-
-    def vouch() -> bool:
-        """Whether this sidecar may still vouch for its broker's ownership: its own lease was
-        renewed less than the fencing delay ago (the fence itself may not have run yet)."""
-        return clock.monotonic() - metadata.last_renewed_monotonic < timings.fence_after_s
-
     link = BrokerLink(
         me,
         auto_ack=config.auto_ack,
@@ -243,7 +236,8 @@ def build_sidecar(
         clock=clock,
         serving_lease_s=timings.serving_lease_s,
         lease_margin_s=timings.lease_margin_s,
-        vouch=vouch,
+        # The fence watches the link, and the link asks the fence: bound once both exist.
+        vouch=lambda: fence.vouches(),
     )
     fence = Fence(
         ports.metadata,

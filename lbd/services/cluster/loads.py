@@ -38,11 +38,6 @@ class LoadView:
         self._rejected: dict[tuple[str, str], str] = {}
         """(topic, key) -> the reason last logged, so a bad publisher is logged once."""
 
-    @property
-    def ttl_ms(self) -> int:
-        """Values received longer ago than this are stale."""
-        return self._ttl_ms
-
     async def start(self) -> None:
         """Start reading both topics (UnavailableError when Pulsar cannot be reached)."""
         await self._broker_loads.start()

@@ -85,9 +85,18 @@ class Fence:
         finally:
             self._subscribers.discard(queue)
 
+    def vouches(self) -> bool:
+        """Whether the sidecar may still vouch for its broker's ownership (grant its serving
+        lease): not fenced, and the lease renewed less than ``fence_after_s`` ago, read now
+        rather than at the last check."""
+        return not self._fenced and self._stale_s() < self._fence_after_s
+
+    def _stale_s(self) -> float:
+        return self._clock.monotonic() - self._metadata.last_renewed_monotonic
+
     async def check(self) -> bool:
         """Compare the last renewal with the deadline now, fence or unfence; the new state."""
-        stale_s = self._clock.monotonic() - self._metadata.last_renewed_monotonic
+        stale_s = self._stale_s()
         if stale_s >= self._fence_after_s and not self._fenced:
             self._set(True)
             self.fencings += 1
