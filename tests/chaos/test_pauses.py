@@ -74,12 +74,17 @@ def assert_served_once(cluster: Cluster) -> None:
     assert serving_overlaps(cluster) == []
 
 
+def registered(cluster: Cluster, via: str) -> set[str]:
+    """The brokers registered, as one sidecar sees them."""
+    return {b.info.broker_id for b in cluster.client(via).brokers().brokers}
+
+
 def converged(cluster: Cluster, witness: str) -> None:
     """Every bundle of the namespace Owned by a registered broker, as the witness sees it."""
 
     def check() -> bool | None:
         owners = cluster.owners(NAMESPACE, via=witness)
-        live = {b.info.broker_id for b in cluster.client(witness).brokers().brokers}
+        live = registered(cluster, witness)
         return True if len(owners) == BUNDLES and set(owners.values()) <= live else None
 
     wait_for("every bundle Owned by a live broker", check, SETTLE_S)
@@ -105,6 +110,12 @@ def test_a_paused_leader_sidecars_broker_stops_before_its_bundles_move(cluster: 
 
 def test_a_paused_broker_loses_its_bundles_only_after_its_lease(cluster: Cluster) -> None:
     leader = cluster.client().leader().broker_id
+    # A sidecar paused by an earlier test may still be registering its broker again.
+    wait_for(
+        "every broker registered",
+        lambda: True if registered(cluster, leader) == set(cluster.broker_ids) else None,
+        SETTLE_S,
+    )
     owners = cluster.owners(NAMESPACE, via=leader)
     victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
     moved = next(b for b, o in sorted(owners.items()) if o == victim)
@@ -119,12 +130,7 @@ def test_a_paused_broker_loses_its_bundles_only_after_its_lease(cluster: Cluster
         # the orphan path.
         wait_for(
             f"paused {victim} deregistered",
-            lambda: (
-                True
-                if victim
-                not in {b.info.broker_id for b in cluster.client(leader).brokers().brokers}
-                else None
-            ),
+            lambda: True if victim not in registered(cluster, leader) else None,
             SETTLE_S,
         )
         converged(cluster, leader)
