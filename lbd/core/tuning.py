@@ -133,7 +133,7 @@ class MonitorConfig:
     tombstone_after_s: float = 3600.0
     """Free and Deleted values older than this are tombstoned."""
     orphan_cleanup_grace_s: float = 60.0
-    """A broker away this long has its bundles reassigned."""
+    """A broker away this long has its bundles announced as moving (``Releasing`` from it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +173,17 @@ class SidecarTimings:
         ]
         if bad:
             raise InvalidInputError("invalid sidecar timings: " + "; ".join(bad))
+
+    @property
+    def handover_wait_s(self) -> float:
+        """How long the leader waits, after it saw a move off a gone broker announced
+        (``Releasing`` from it), before it tells the new broker: the owner's sidecar stops
+        vouching ``fence_after_s`` after its last read barrier, the last lease it granted runs
+        out ``serving_lease_s`` (plus ``lease_margin_s``) later, and a release it saw may wait
+        behind one own step of the same bundle (``own_ack_timeout_s``). docs/safety.md."""
+        return (
+            self.fence_after_s + self.serving_lease_s + self.lease_margin_s + self.own_ack_timeout_s
+        )
 
 
 @dataclass(frozen=True, slots=True)

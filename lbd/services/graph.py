@@ -243,6 +243,7 @@ def build_sidecar(
         ports.metadata,
         link,
         clock,
+        follower,
         fence_after_s=timings.fence_after_s,
         check_interval_s=timings.fence_check_interval_s,
     )
@@ -285,7 +286,15 @@ def build_sidecar(
         history=history,
     )
     monitor = OwnershipMonitor(
-        proposer, follower, registry, namespaces, assigner, clock, config.monitor, metrics=metrics
+        proposer,
+        follower,
+        registry,
+        namespaces,
+        assigner,
+        clock,
+        config.monitor,
+        handover_wait_s=timings.handover_wait_s,
+        metrics=metrics,
     )
     checkpointing = CheckpointDuty(
         ports.checkpoints, follower, clock, interval_s=config.checkpoint_interval_s

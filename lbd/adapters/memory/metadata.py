@@ -177,16 +177,24 @@ class MemoryMetadataCluster:
 
 
 class _MemoryLeases:
-    def __init__(self, cluster: MemoryMetadataCluster) -> None:
+    def __init__(self, cluster: MemoryMetadataCluster, cut_off: Callable[[], bool]) -> None:
         self._cluster = cluster
+        self._cut_off = cut_off
+
+    def _check(self) -> None:
+        if self._cut_off():
+            raise UnavailableError("in-memory metadata store: this client is cut off (simulated)")
 
     async def grant(self, ttl_s: int) -> int:
+        self._check()
         return self._cluster.grant(ttl_s)
 
     async def refresh(self, lease_id: int) -> bool:
+        self._check()
         return self._cluster.refresh(lease_id)
 
     async def revoke(self, lease_id: int) -> None:
+        self._check()
         self._cluster.check()
         self._cluster.revoke_lease(lease_id)
 
@@ -196,12 +204,23 @@ class MemoryMetadataStore:
 
     def __init__(self, cluster: MemoryMetadataCluster, policy: SessionPolicy) -> None:
         self._cluster = cluster
+        self._cut_off = False
         self._session = LeaseSession(
-            _MemoryLeases(cluster), policy, cluster.clock, self._restore, name="memory-session"
+            _MemoryLeases(cluster, lambda: self._cut_off),
+            policy,
+            cluster.clock,
+            self._restore,
+            name="memory-session",
         )
         self._registrations: dict[BrokerId, bytes] = {}
         self._candidate: BrokerId | None = None
         self._closed = False
+
+    def set_cut_off(self, cut_off: bool) -> None:
+        """Cut this client alone off the store (True), or restore it; the others still reach
+        it, so this client's lease may expire and another leader may be elected meanwhile."""
+        self._cut_off = cut_off
+        self._cluster.wake()
 
     @property
     def lease_id(self) -> int:
@@ -315,6 +334,8 @@ class MemoryMetadataStore:
 
     def _call(self, op: Callable[[], T]) -> T:
         try:
+            if self._cut_off:
+                raise UnavailableError("in-memory metadata store: this client is cut off")
             return op()
         except UnavailableError:
             self._session.note_unreachable()
@@ -331,7 +352,7 @@ class MemoryMetadataStore:
         while position < len(history) and history[position].revision <= after_revision:
             position += 1
         while not self._closed:
-            if self._cluster.reachable and position < len(history):
+            if self._cluster.reachable and not self._cut_off and position < len(history):
                 change = history[position]
                 position += 1
                 if change.key.startswith(prefix):

@@ -160,6 +160,21 @@ class ChannelFollower:
             if entry in self._position_waiters:
                 self._position_waiters.remove(entry)
 
+    async def barrier(self) -> None:
+        """Return once the table covers every message the channel held when this was called.
+
+        A read barrier: it asks the channel for what lies past the table's position, and waits
+        until the follower has applied the last of it. Raises
+        :class:`~lbd.ports.errors.UnavailableError` when the channel cannot be asked; bound it
+        with :func:`asyncio.timeout`.
+        """
+        last: ChannelPosition | None = None
+        async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as ahead:
+            async for message in ahead:
+                last = message.position
+        if last is not None:
+            await self.wait_applied(last)
+
     async def _run(self) -> None:
         async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as backlog:
             async for message in backlog:

@@ -85,6 +85,12 @@ class BrokerRegistry:
         registered or if this sidecar never saw it."""
         return self._absent.get(broker)
 
+    async def registered_now(self, broker: BrokerId) -> bool:
+        """Whether ``broker`` is registered, read from the store itself rather than this
+        sidecar's watch (which may lag); raises UnavailableError when the store cannot answer."""
+        brokers, _ = await self._metadata.list_brokers()
+        return broker in brokers
+
     @property
     def reachable(self) -> bool:
         """False in safe mode: the metadata store cannot be reached."""

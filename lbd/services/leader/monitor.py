@@ -3,15 +3,22 @@
 Every ``monitor.interval_s`` while leading, the monitor sweeps the channel table and fixes what
 nobody else will:
 
-- **orphans**: a bundle whose holder (:func:`lbd.core.state.holder`: its owner, or its in-flight
-  destination) is not registered and has stayed away for ``orphan_cleanup_grace_s`` gets a forced
-  ``Assigning`` to a live broker chosen by the :class:`~lbd.services.cluster.assigner.Assigner`
-  (isolation, anti-affinity, version and max-topics filters included). Never in safe
+- **orphans**: a bundle whose server (:func:`server_of`: its owner, the source of a Releasing or
+  Splitting, the destination of an Assigning) is not registered and has stayed away for
+  ``orphan_cleanup_grace_s`` is moved in two steps. First a forced ``Releasing`` from the gone
+  broker announces the move on the channel; only ``handover_wait_s`` after this leader first saw
+  that announcement, and if the broker is still not registered in the store itself, a forced
+  ``Assigning`` tells a live broker chosen by the :class:`~lbd.services.cluster.assigner.Assigner`
+  (isolation, anti-affinity, version and max-topics filters included). A gone broker's sidecar
+  that still reads the channel releases the bundle itself; one that cannot has stopped vouching
+  for its broker, whose serving lease has run out by then (docs/safety.md). Never in safe
   mode: an unreachable registry says nothing about who is alive. A broker that registers again
   within the grace keeps its bundles (the cleanup is cancelled, and counted so);
-- **stuck in-flight states** older than ``inflight_timeout_s`` (by the value's timestamp) get a
-  forced reassignment; a stuck ``Splitting`` goes back to ``Owned`` by its source when that is
-  alive and the split has not progressed, and is finished as ``Deleted`` when it has;
+- **stuck in-flight states** older than ``inflight_timeout_s`` (by the value's timestamp) whose
+  server is registered: a ``Splitting`` goes back to ``Owned`` by its source, or is finished as
+  ``Deleted`` when the split progressed; a ``Releasing`` goes back to ``Owned`` by its source
+  (the move is undone); an ``Assigning`` is moved on with a ``Releasing`` from its destination,
+  which may have taken the bundle. No fix ever lets a second broker serve;
 - **tombstones**: ``Free`` and ``Deleted`` values older than ``tombstone_after_s`` are deleted.
 
 Forced writes carry the leader's term, so that a deposed leader's late overrides are rejected by
@@ -29,7 +36,7 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import LbdError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, holder
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
@@ -42,6 +49,18 @@ from lbd.services.cluster.registry import BrokerRegistry
 _log = logging.getLogger(__name__)
 
 _S = ServiceUnitState
+
+
+def server_of(data: ServiceUnitStateData | None) -> BrokerId | None:
+    """The broker that may be serving the bundle: the owner, the source of a Releasing or
+    Splitting, the destination of an Assigning (it may have taken it already)."""
+    if data is None:
+        return None
+    if data.state in (_S.Owned, _S.Assigning):
+        return data.dst_broker
+    if data.state in (_S.Releasing, _S.Splitting):
+        return data.source_broker
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,7 @@ class _Sweep:
     fixes: list[Fix] = field(default_factory=list)
     failed: list[tuple[BundleId, str]] = field(default_factory=list)
     waiting: dict[BrokerId, float] = field(default_factory=dict)
+    handing_over: dict[BundleId, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,8 @@ class SweepReport:
     failed: tuple[tuple[BundleId, str], ...] = ()
     waiting: Mapping[BrokerId, float] = field(default_factory=dict)
     """Gone brokers whose bundles wait out the grace period, with the seconds they were away."""
+    handing_over: Mapping[BundleId, float] = field(default_factory=dict)
+    """Announced moves off gone brokers waiting out the hand-over, with the seconds waited."""
     skipped: str | None = None
     """Why orphans and stuck states were not looked at (safe mode, deposed, not caught up)."""
 
@@ -100,8 +122,10 @@ class OwnershipMonitor:
         clock: Clock,
         config: MonitorConfig,
         *,
+        handover_wait_s: float,
         metrics: Metrics,
     ) -> None:
+        """``handover_wait_s``: see :attr:`lbd.core.tuning.SidecarTimings.handover_wait_s`."""
         self._proposer = proposer
         self._follower = follower
         self._registry = registry
@@ -109,12 +133,17 @@ class OwnershipMonitor:
         self._assigner = assigner
         self._clock = clock
         self._settings = config
+        self._handover_wait_s = handover_wait_s
         self._metrics = metrics
         self._noticed_gone: dict[BrokerId, float] = {}
         """Brokers seen unregistered whose vanishing this sidecar did not witness."""
         self._undated: dict[tuple[BundleId, int], int] = {}
         """Values without a timestamp, by (bundle, version): when the monitor first saw them."""
         self._waiting: set[BrokerId] = set()
+        self._announced: dict[tuple[BundleId, int], float] = {}
+        """Moves off gone brokers, by (bundle, version): when this leader first saw them."""
+        self._written_at: dict[BundleId, tuple[float, BrokerId | None, int]] = {}
+        """When this leader's own announcements were persisted, until it reads them back."""
 
     async def run_leading(self, term: int) -> None:
         """The leader duty: a sweep every interval until cancelled."""
@@ -140,6 +169,8 @@ class OwnershipMonitor:
         )
         values = list(self._follower.table.items())
         self._forget_undated(values)
+        current = {(b, v.version_id) for b, v in values}
+        self._announced = {k: t for k, t in self._announced.items() if k in current}
         for bundle, value in values:
             if self._deposed(term):
                 sweep.skipped = f"the channel shows a term above {term}"
@@ -165,7 +196,11 @@ class OwnershipMonitor:
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
         return SweepReport(
-            tuple(sweep.fixes), tuple(sweep.failed), dict(sweep.waiting), sweep.skipped
+            tuple(sweep.fixes),
+            tuple(sweep.failed),
+            dict(sweep.waiting),
+            dict(sweep.handing_over),
+            sweep.skipped,
         )
 
     # -- the rules --------------------------------------------------------------------------
@@ -182,43 +217,110 @@ class OwnershipMonitor:
             return Fix(bundle, "tombstone", None, None, reason)
         if sweep.skipped is not None:
             return None
-        held_by = holder(value)
-        if held_by is not None and held_by not in sweep.live:
-            gone_s = sweep.away.get(held_by, 0.0)
+        server = server_of(value)
+        if server is not None and server not in sweep.live:
+            gone_s = sweep.away.get(server, 0.0)
             if gone_s < self._settings.orphan_cleanup_grace_s:
-                sweep.waiting[held_by] = gone_s
+                sweep.waiting[server] = gone_s
                 return None
-            return await self._fix(bundle, value, sweep, "orphan", f"{held_by} away {gone_s:.0f}s")
+            return await self._orphan(bundle, value, server, sweep, f"{server} away {gone_s:.0f}s")
         if value.state.is_in_flight and age_ms >= self._settings.inflight_timeout_s * 1000:
             reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
-            return await self._fix(bundle, value, sweep, "inflight", reason)
+            return await self._unstick(bundle, value, sweep, reason)
         return None
 
-    async def _fix(
-        self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, kind: str, reason: str
+    async def _orphan(
+        self,
+        bundle: BundleId,
+        value: ServiceUnitStateData,
+        server: BrokerId,
+        sweep: _Sweep,
+        reason: str,
+    ) -> Fix | None:
+        """Move a bundle off a gone broker in two steps: announce (``Releasing`` from it), then,
+        a hand-over wait after this leader first saw the announcement, tell the new broker
+        (``Assigning``). The gone broker's sidecar, if it still reads the channel, releases the
+        bundle itself meanwhile; if it cannot, its broker's lease has run out by then."""
+        if value.state is _S.Splitting and await self._split_progressed(bundle, value):
+            return await self._force(
+                bundle, sweep, "orphan", _S.Deleted, None, server, f"{reason}; finishing the split"
+            )
+        if value.state is not _S.Releasing:
+            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=server)
+            fix = await self._force(
+                bundle,
+                sweep,
+                "orphan",
+                _S.Releasing,
+                selection.broker,
+                server,
+                f"{reason}; announcing the move; {selection.reason}",
+            )
+            # Persisted by now: the wait may count from here, before this sidecar reads it.
+            self._written_at[bundle] = (self._clock.monotonic(), selection.broker, sweep.term)
+            return fix
+        now = self._clock.monotonic()
+        written = self._written_at.pop(bundle, None)
+        start = now
+        if written is not None and value.force:
+            at, dst, term = written
+            if (dst, term) == (value.dst_broker, value.leader_term):
+                start = at  # this very announcement, persisted before this sweep read it
+        seen = self._announced.setdefault((bundle, value.version_id), start)
+        announced_s = now - seen
+        wait_s = self._settings.handover_wait_s
+        if announced_s < wait_s:
+            sweep.handing_over[bundle] = announced_s
+            return None
+        if await self._registry.registered_now(server):
+            return None  # it came back: its sidecar finishes the move itself
+        dst = value.dst_broker
+        if dst is None or dst not in sweep.live:
+            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=server)
+            dst = selection.broker
+            reason = f"{reason}; {selection.reason}"
+        reason = f"{reason}; announced {announced_s:.0f}s ago (hand-over wait {wait_s:g}s)"
+        return await self._force(bundle, sweep, "orphan", _S.Assigning, dst, server, reason)
+
+    async def _unstick(
+        self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, reason: str
     ) -> Fix:
-        """Override the bundle's value: a split is finished or undone, anything else reassigned."""
+        """Fix an in-flight value stuck with its server registered, never letting a second
+        broker serve: a split is finished or undone, a move to a broker that never finished
+        taking the bundle is announced again elsewhere, a move its source never finished is
+        undone."""
         src = value.source_broker
         if value.state is _S.Splitting:
             if await self._split_progressed(bundle, value):
                 return await self._force(
-                    bundle, sweep, kind, _S.Deleted, None, src, f"{reason}; finishing the split"
+                    bundle,
+                    sweep,
+                    "inflight",
+                    _S.Deleted,
+                    None,
+                    src,
+                    f"{reason}; finishing the split",
                 )
-            if src is not None and src in sweep.live:
-                return await self._force(
-                    bundle, sweep, kind, _S.Owned, src, src, f"{reason}; back to its source"
-                )
-        # A transfer keeps its destination while it is alive; else a live broker is chosen,
-        # other than the one the bundle is stuck on.
-        dst = value.dst_broker if value.state is _S.Releasing else None
-        if dst is None or dst not in sweep.live:
-            stuck_on = value.dst_broker if value.state is _S.Assigning else holder(value)
+            return await self._force(
+                bundle, sweep, "inflight", _S.Owned, src, src, f"{reason}; back to its source"
+            )
+        if value.state is _S.Assigning:
+            # Its destination may have taken it: it releases it first, as in a transfer.
+            stuck_on = value.dst_broker
             selection = await self._assigner.choose(bundle, among=sweep.live, avoid=stuck_on)
-            dst = selection.broker
-            reason = f"{reason}; {selection.reason}"
-        if not value.state.is_in_flight:
-            src = value.dst_broker
-        return await self._force(bundle, sweep, kind, _S.Assigning, dst, src, reason)
+            return await self._force(
+                bundle,
+                sweep,
+                "inflight",
+                _S.Releasing,
+                selection.broker,
+                stuck_on,
+                f"{reason}; moving it off {stuck_on}; {selection.reason}",
+            )
+        # Releasing: its source still holds it; the move is undone.
+        return await self._force(
+            bundle, sweep, "inflight", _S.Owned, src, src, f"{reason}; back to its source"
+        )
 
     async def _force(
         self,
@@ -260,7 +362,7 @@ class OwnershipMonitor:
 
     def _away_times(self, live: Mapping[BrokerId, BrokerInfo], now: float) -> dict[BrokerId, float]:
         """Seconds each unregistered broker named in the table has been away."""
-        named = set(self._follower.table.holders().values())
+        named = {b for _, v in self._follower.table.items() if (b := server_of(v)) is not None}
         away: dict[BrokerId, float] = {}
         for broker in named - set(live):
             since = self._registry.absent_since(broker)

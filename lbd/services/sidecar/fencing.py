@@ -1,21 +1,37 @@
-"""Self-fencing (DESIGN §8): a sidecar that cannot renew its lease gives up its bundles first.
+"""Self-fencing (DESIGN §8, docs/safety.md): the sidecar vouches for its broker only while it
+can be sure nobody else may be given the broker's bundles, and fences once it cannot.
 
-The lease outlives its last successful renewal by at most its TTL, and the leader cleans up a
-vanished broker's bundles only after a grace period longer than that. So when
-``now - last_renewed >= fence_after_s`` (shorter than the grace by a safety margin) the sidecar
-tells its broker to close every bundle and stops answering lookups with itself as owner, before
-anyone else may take those bundles. On the next successful renewal it unfences; the ownership
-reactor then re-owns what the table still says is this broker's.
+It may vouch (grant the broker's serving lease) while either holds:
+
+- **the metadata lease**: renewed less than ``fence_after_s`` ago, and the channel read through
+  once since the current lease was granted. While the lease lives the registration lives, and the
+  leader moves nothing of a registered broker's without this sidecar's own channel writes;
+- **the channel read barrier**: a read barrier on the channel (everything the channel held then
+  is applied) began less than ``fence_after_s`` ago. Every move of this broker's bundles that its
+  sidecar does not make itself is announced on the channel (``Releasing(src=me)``) and takes
+  effect only after the leader's hand-over wait, longer than ``fence_after_s`` plus the serving
+  lease, so the sidecar has seen it, and released the bundle, before it counts.
+
+So a cluster-wide etcd outage stops nothing (the channel still vouches), a Pulsar outage stops
+nothing (the lease still vouches), and a sidecar cut off from both, or paused, stops vouching
+within ``fence_after_s``: it tells its broker to close every bundle, and the broker's lease runs
+out on its own. When either holds again it unfences; the ownership reactor then re-owns what the
+table still says is this broker's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
+from lbd.core.errors import DeadlineError
 from lbd.ports.clock import Clock
-from lbd.ports.metadata import MetadataStore
+from lbd.ports.errors import SessionExpiredError, UnavailableError
+from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
+from lbd.services.channel.follower import ChannelFollower
+from lbd.services.channel.proposals import within
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.tasks import cancel_and_wait, guard
 
@@ -23,13 +39,14 @@ _log = logging.getLogger(__name__)
 
 
 class Fence:
-    """Watches the lease's last renewal and fences or unfences the broker link."""
+    """Keeps the two grounds for vouching up to date and fences or unfences the broker link."""
 
     def __init__(
         self,
         metadata: MetadataStore,
         link: BrokerLink,
         clock: Clock,
+        follower: ChannelFollower,
         *,
         fence_after_s: float,
         check_interval_s: float,
@@ -42,11 +59,18 @@ class Fence:
         self._metadata = metadata
         self._link = link
         self._clock = clock
+        self._follower = follower
         self._fence_after_s = fence_after_s
         self._check_interval_s = check_interval_s
         self._fenced = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: set[asyncio.Queue[bool]] = set()
+        self._barrier_began: float | None = None
+        """When the last completed channel read barrier began (clock-monotonic)."""
+        self._lease_since = float("-inf")
+        """When the current metadata lease was granted, if after start (a new registration)."""
+        self._barrier_now = asyncio.Event()
+        self._on_channel_only = False
         self.fencings = 0
         """How many times this sidecar fenced itself."""
 
@@ -56,14 +80,25 @@ class Fence:
         return self._fenced
 
     async def start(self) -> None:
-        """Start checking every ``check_interval_s``."""
-        if self._task is None:
-            self._task = guard(self._run(), name="fence")
+        """Start the read barriers and the checks, every ``check_interval_s``.
+
+        The sidecar starts after its follower caught up with the channel, which counts as the
+        first read barrier.
+        """
+        if not self._tasks:
+            self._barrier_began = self._clock.monotonic()
+            events = self._metadata.session_events()
+            self._tasks = [
+                guard(self._run(), name="fence"),
+                guard(self._run_barriers(), name="fence-read-barrier"),
+                guard(self._follow_session(events), name="fence-session"),
+            ]
 
     async def close(self) -> None:
         """Stop checking. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await cancel_and_wait(task)
 
     async def __aenter__(self) -> Fence:
         await self.start()
@@ -86,30 +121,56 @@ class Fence:
             self._subscribers.discard(queue)
 
     def vouches(self) -> bool:
-        """Whether the sidecar may still vouch for its broker's ownership (grant its serving
-        lease): not fenced, and the lease renewed less than ``fence_after_s`` ago, read now
-        rather than at the last check."""
-        return not self._fenced and self._stale_s() < self._fence_after_s
+        """Whether the sidecar may vouch for its broker's ownership (grant its serving lease)
+        now: not fenced, and the metadata lease or the channel read barrier is recent enough."""
+        return not self._fenced and (self._lease_vouches() or self._channel_vouches())
 
-    def _stale_s(self) -> float:
+    def _lease_stale_s(self) -> float:
         return self._clock.monotonic() - self._metadata.last_renewed_monotonic
 
+    def _lease_vouches(self) -> bool:
+        read_since = self._barrier_began is not None and self._barrier_began >= self._lease_since
+        return read_since and self._lease_stale_s() < self._fence_after_s
+
+    def _channel_vouches(self) -> bool:
+        began = self._barrier_began
+        return began is not None and self._clock.monotonic() - began < self._fence_after_s
+
     async def check(self) -> bool:
-        """Compare the last renewal with the deadline now, fence or unfence; the new state."""
-        stale_s = self._stale_s()
-        if stale_s >= self._fence_after_s and not self._fenced:
+        """Look at both grounds now, fence or unfence; the new state."""
+        lease, channel = self._lease_vouches(), self._channel_vouches()
+        if not (lease or channel) and not self._fenced:
             self._set(True)
             self.fencings += 1
             reason = (
-                f"lease not renewed for {stale_s:.1f}s >= fence_after_s {self._fence_after_s:g}"
+                f"lease not renewed for {self._lease_stale_s():.1f}s and no channel read "
+                f"barrier for {self._barrier_age_s():.1f}s (fence_after_s {self._fence_after_s:g})"
             )
             _log.error("fencing broker %s: %s; closing every bundle", self._link.me, reason)
             await self._link.fence(f"self-fencing: {reason}")
-        elif stale_s < self._fence_after_s and self._fenced:
-            _log.warning("unfencing broker %s: the lease was renewed", self._link.me)
+        elif (lease or channel) and self._fenced:
+            _log.warning(
+                "unfencing broker %s: %s",
+                self._link.me,
+                "the lease was renewed" if lease else "the channel reads through again",
+            )
             self._link.unfence()
             self._set(False)
+        on_channel_only = channel and not lease and not self._fenced
+        if on_channel_only != self._on_channel_only:
+            self._on_channel_only = on_channel_only
+            if on_channel_only:
+                _log.warning(
+                    "broker %s: lease not renewed for %.1fs; vouching on the channel read "
+                    "barrier (no move of its bundles can take effect unseen)",
+                    self._link.me,
+                    self._lease_stale_s(),
+                )
         return self._fenced
+
+    def _barrier_age_s(self) -> float:
+        began = self._barrier_began
+        return float("inf") if began is None else self._clock.monotonic() - began
 
     def _set(self, fenced: bool) -> None:
         self._fenced = fenced
@@ -120,3 +181,33 @@ class Fence:
         while True:
             await self.check()
             await self._clock.sleep(self._check_interval_s)
+
+    async def _run_barriers(self) -> None:
+        failing = False
+        while True:
+            began = self._clock.monotonic()
+            try:
+                await within(
+                    self._clock, self._fence_after_s, self._follower.barrier(), "the read barrier"
+                )
+            except (UnavailableError, DeadlineError) as e:
+                if not failing:
+                    _log.warning("channel read barrier failed: %s", e or "timed out")
+                failing = True
+            else:
+                if failing:
+                    _log.info("channel read barrier completed again")
+                failing = False
+                self._barrier_began = began
+            self._barrier_now.clear()
+            with contextlib.suppress(DeadlineError):
+                await within(self._clock, self._check_interval_s, self._barrier_now.wait(), "wait")
+
+    async def _follow_session(self, events: AsyncIterator[SessionEvent]) -> None:
+        with contextlib.suppress(SessionExpiredError):  # the SessionWatcher handles that
+            async for event in events:
+                if event.kind is SessionEventKind.RECONNECTED:
+                    # A new lease: the table must be read through again before it counts, since
+                    # the old registration may have vanished and its bundles moved meanwhile.
+                    self._lease_since = event.at_monotonic
+                    self._barrier_now.set()

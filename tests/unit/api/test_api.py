@@ -242,7 +242,9 @@ async def test_health_follows_readiness_and_fencing(api: Api, harness: Harness) 
     assert await status("lbd.v1.Admin") == serving
     tracker = asyncio.create_task(track_fence(api.server, api.sidecar.fence))
     try:
-        harness.metadata.set_reachable(False)  # renewals fail: the fence closes in
+        # Renewals fail and the channel cannot be read through: the fence closes in.
+        harness.metadata.set_reachable(False)
+        harness.log.go_down()
         async with asyncio.timeout(5):
             while not api.sidecar.fence.fenced:
                 await harness.clock.run_for(1.0)
@@ -250,6 +252,7 @@ async def test_health_follows_readiness_and_fencing(api: Api, harness: Harness) 
         assert await status() == not_serving
         assert await status("lbd.v1.LoadBalancer") == not_serving
         harness.metadata.set_reachable(True)
+        harness.log.come_back()
         async with asyncio.timeout(5):
             while api.sidecar.fence.fenced:
                 await harness.clock.run_for(1.0)

@@ -1,14 +1,18 @@
-"""Self-fencing: a sidecar whose lease renewals fail closes its broker's bundles in time."""
+"""Self-fencing: a sidecar that can no longer vouch for its broker closes its bundles in time,
+and one that still can (etcd down for everyone, or for it alone) keeps serving until a move it
+reads on the channel."""
 
 import asyncio
+import dataclasses
 
 import pytest
-from harness import DEFAULT_NAMESPACE, Harness, Timing
-from rig import turns
+from harness import DEFAULT_NAMESPACE, Harness, Sidecar, Timing
+from rig import QUIET, settle, turns
 
 from lbd.core.broker import CommandAck
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import MonitorConfig
 from lbd.ports.errors import UnavailableError
 
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)
@@ -24,7 +28,7 @@ def topic_in(bundle: str) -> str:
     )
 
 
-async def test_renewals_failing_for_fence_after_s_close_every_bundle() -> None:
+async def test_a_sidecar_cut_off_from_etcd_and_the_channel_closes_every_bundle() -> None:
     async with Harness(timing=TIMING) as h:
         a = await h.add("a", auto_ack=False, fake_broker=True)
         b = await h.add("b", auto_ack=False, fake_broker=True)
@@ -34,12 +38,18 @@ async def test_renewals_failing_for_fence_after_s_close_every_bundle() -> None:
         await h.idle()
         assert a.broker.serving == set(BUNDLES[:3])
         renewed = a.metadata.last_renewed_monotonic
+        cut = h.clock.monotonic()
         h.metadata.set_reachable(False)
+        h.log.go_down()
         # Not yet: the lease was renewed less than fence_after_s ago.
         await h.clock.run_for(renewed + TIMING.fence_after_s - h.clock.monotonic() - 0.5, step=0.5)
         assert not a.fence.fenced
         assert [e for e in h.events if e.kind == "close"] == []
-        await h.clock.run_for(1.0, step=0.5)
+        # Fenced once neither the lease nor a read barrier is younger than fence_after_s.
+        await h.clock.run_for(
+            cut + TIMING.fence_after_s + TIMING.fence_check_interval_s - h.clock.monotonic() + 0.5,
+            step=0.5,
+        )
         assert a.fence.fenced and a.fence.fencings == 1
         await h.idle()
         closed = sorted(e.bundle for e in h.events if e.kind == "close" and e.broker == "a")
@@ -62,8 +72,10 @@ async def test_a_fenced_sidecar_reowns_what_is_still_its_own_after_renewing() ->
             await a.operations.assign(bundle, a.me)
         await h.idle()
         h.metadata.set_reachable(False)
-        await h.clock.run_for(TIMING.fence_after_s + 1, step=0.5)
+        h.log.go_down()
+        await h.clock.run_for(TIMING.fence_after_s + 2, step=0.5)
         assert a.fence.fenced
+        h.log.come_back()
         await h.idle()
         # While fenced nothing is owned again, even a bundle the table hands it.
         await a.proposer.propose(BUNDLES[2], ServiceUnitState.Assigning, dst=a.me)
@@ -98,3 +110,63 @@ async def test_an_ack_arriving_after_fencing_is_undone() -> None:
             assert await owning is False
         assert [(e.kind, e.bundle) for e in h.events][-1] == ("close", BUNDLES[0])
         assert a.served() == frozenset()
+
+
+LEADING = dataclasses.replace(
+    QUIET,
+    monitor=MonitorConfig(interval_s=1.0, inflight_timeout_s=30.0, orphan_cleanup_grace_s=5.0),
+)
+"""Sidecars whose leader sweeps for orphans every second, with a short grace."""
+
+
+async def _two_brokers(h: Harness) -> tuple[Sidecar, Sidecar]:
+    a = await h.add("a", auto_ack=False, fake_broker=True)
+    b = await h.add("b", auto_ack=False, fake_broker=True)
+    await h.ready()
+    for bundle in BUNDLES[:2]:
+        await a.operations.assign(bundle, a.me)
+    for bundle in BUNDLES[2:]:
+        await b.operations.assign(bundle, b.me)
+    await h.idle()
+    assert a.broker.serving == set(BUNDLES[:2]) and b.broker.serving == set(BUNDLES[2:])
+    return a, b
+
+
+async def test_a_cluster_wide_etcd_outage_closes_and_moves_nothing() -> None:
+    async with Harness(timing=TIMING, config=LEADING) as h:
+        a, b = await _two_brokers(h)
+        h.metadata.set_reachable(False)
+        # A minute without etcd: every lease expires meanwhile, yet nobody can move anything,
+        # and every sidecar still reads the channel through, so both brokers keep serving.
+        for _ in range(120):
+            await h.clock.run_for(0.5, step=0.5)
+            assert a.broker.may_serve() and b.broker.may_serve()
+        assert not a.fence.fenced and not b.fence.fenced
+        # etcd is back with every lease gone (as a paused etcd revokes them on resume): the
+        # sidecars register again within the grace, and the leader moves nothing.
+        h.metadata.set_reachable(True)
+        await h.clock.run_for(TIMING.lease_ttl_s + LEADING.monitor.orphan_cleanup_grace_s * 3)
+        await h.idle()
+        assert a.broker.serving == set(BUNDLES[:2]) and b.broker.serving == set(BUNDLES[2:])
+        assert [e for e in h.events if e.kind in ("close", "release")] == []
+        assert {h.owner(bundle) for bundle in BUNDLES[:2]} == {a.me}
+        assert a.broker.may_serve() and b.broker.may_serve()
+        assert h.violations == []
+
+
+async def test_a_sidecar_cut_off_from_etcd_alone_hands_its_bundles_over_with_no_overlap() -> None:
+    async with Harness(timing=TIMING, config=LEADING) as h:
+        a, b = await _two_brokers(h)
+        a.metadata.set_cut_off(True)  # b still reaches etcd: a's lease expires, b leads
+        await settle(
+            h.clock,
+            lambda: all(h.owner(bundle) == b.me for bundle in BUNDLES),
+            seconds=TIMING.lease_ttl_s + 5 + TIMING.timings().handover_wait_s + 30,
+        )
+        await h.idle()
+        assert b.broker.serving == set(BUNDLES)
+        assert a.broker.serving == set()
+        # a still read the channel: it released each bundle itself before b was told to own it.
+        released = sorted(e.bundle for e in h.events if e.kind == "release" and e.broker == "a")
+        assert released == sorted(BUNDLES[:2])
+        assert h.violations == []

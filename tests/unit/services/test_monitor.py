@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from harness import Harness
+from harness import Harness, Timing
 from rig import QUIET, settle, turns
 
 from lbd.adapters.clock import ManualClock
@@ -41,12 +41,14 @@ B3 = BundleId("public/default/0x80000000_0xc0000000")
 CHILD_LO = BundleId("public/default/0x00000000_0x20000000")
 CHILD_HI = BundleId("public/default/0x20000000_0x40000000")
 TERM = 5
+HANDOVER_S = Timing().timings().handover_wait_s
 POLICY = SessionPolicy(lease_ttl_s=10, keepalive_interval_s=1.0)
 SETTINGS = MonitorConfig(
     interval_s=QUIET.monitor.interval_s,  # swept by the tests only
     inflight_timeout_s=30,
     tombstone_after_s=3600,
     orphan_cleanup_grace_s=60,
+    handover_wait_s=20,
 )
 
 
@@ -144,7 +146,7 @@ def forced(value: ServiceUnitStateData | None) -> bool:
     return value is not None and value.force and value.leader_term == TERM
 
 
-async def test_orphans_are_reassigned_only_after_the_grace_period() -> None:
+async def test_orphans_are_announced_after_the_grace_and_handed_over_after_the_wait() -> None:
     async with rig() as r:
         await r.register(X, Y)
         await r.write(B1, S.Owned, dst=X)
@@ -159,14 +161,45 @@ async def test_orphans_are_reassigned_only_after_the_grace_period() -> None:
 
         await r.clock.run_for(1.5)
         report = await r.sweep()
+        # First the move is announced: X's sidecar, if it still reads the channel, releases.
+        assert [(f.bundle, f.kind, f.state, f.dst) for f in report.fixes] == [
+            (B1, "orphan", S.Releasing, Y)
+        ]
+        value = r.follower.get(B1)
+        assert (value.state, value.dst_broker, value.source_broker) == (S.Releasing, Y, X)
+        assert forced(value)
+        assert r.follower.get(B2).state is S.Owned  # a live owner's bundle is left alone
+
+        # Y is told only once the hand-over wait has passed since the announcement was seen.
+        await r.clock.run_for(SETTINGS.handover_wait_s - 1)
+        report = await r.sweep()
+        assert report.fixes == () and set(report.handing_over) == {B1}
+        await r.clock.run_for(1.5)
+        report = await r.sweep()
         assert [(f.bundle, f.kind, f.state, f.dst) for f in report.fixes] == [
             (B1, "orphan", S.Assigning, Y)
         ]
         value = r.follower.get(B1)
-        assert value.state is S.Assigning and value.dst_broker == Y
-        assert value.source_broker == X and forced(value)
-        assert r.follower.get(B2).state is S.Owned  # a live owner's bundle is left alone
-        assert r.cleanup("orphan", "Success") == 1
+        assert (value.state, value.dst_broker, value.source_broker) == (S.Assigning, Y, X)
+        assert forced(value)
+        assert r.cleanup("orphan", "Success") == 2
+
+
+async def test_an_announced_move_waits_for_the_sidecar_of_a_broker_that_came_back() -> None:
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.sweep()
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing]
+        await r.clock.run_for(SETTINGS.handover_wait_s + 0.5)
+        # X is registered again in the store, though this leader's watch has not shown it yet:
+        # its sidecar releases the bundle itself, so the leader does not hand it over.
+        await r.others.register_broker(X, BrokerInfo(X).to_json())
+        report = await r.monitor.run_once(TERM)
+        assert report.fixes == ()
+        assert r.follower.get(B1).state is S.Releasing
 
 
 async def test_a_re_registration_cancels_the_cleanup() -> None:
@@ -215,22 +248,22 @@ async def test_an_orphan_the_leader_never_saw_leave_gets_the_grace_from_when_it_
         assert [(f.bundle, f.dst) for f in fixes] == [(B1, Y)]
 
 
-async def test_stuck_in_flight_states_are_overridden() -> None:
+async def test_stuck_in_flight_states_never_give_a_second_broker_the_bundle() -> None:
     async with rig() as r:
         await r.register(Y, Z)
-        await r.write(B1, S.Assigning, dst=Y, age_s=31)  # Y never took it
+        await r.write(B1, S.Assigning, dst=Y, age_s=31)  # Y may have taken it, but no Owned
         await r.write(B2, S.Owned, dst=Y, age_s=60)
         await r.write(B2, S.Releasing, dst=Z, src=Y, age_s=31)  # Y never released it
         await r.write(B3, S.Assigning, dst=Z, age_s=10)  # young: left alone
 
         report = await r.sweep()
         assert {(f.bundle, f.kind, f.state, f.dst) for f in report.fixes} == {
-            (B1, "inflight", S.Assigning, Z),
-            (B2, "inflight", S.Assigning, Z),
+            (B1, "inflight", S.Releasing, Z),  # moved on through Y's release
+            (B2, "inflight", S.Owned, Y),  # the move is undone
         }
         b1, b2 = r.follower.get(B1), r.follower.get(B2)
-        assert forced(b1) and b1.dst_broker == Z
-        assert forced(b2) and (b2.dst_broker, b2.source_broker) == (Z, Y)
+        assert forced(b1) and (b1.dst_broker, b1.source_broker) == (Z, Y)
+        assert forced(b2) and b2.dst_broker == Y
         assert r.follower.get(B3).state is S.Assigning and not r.follower.get(B3).force
         assert r.cleanup("inflight", "Success") == 2
 
@@ -353,9 +386,14 @@ async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> No
         assert (await monitor.run_once(TERM)).fixes == ()
 
         await h.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        announced = (await monitor.run_once(TERM)).fixes
+        await h.idle()
+        assert h.owner(B1) is None and B1 not in b.broker.serving
+        await h.clock.run_for(SETTINGS.handover_wait_s + 0.5)
         fixes = (await monitor.run_once(TERM)).fixes
         await h.idle()
 
-        assert [(f.bundle, f.dst) for f in fixes] == [(B1, b.me)]
+        assert [(f.bundle, f.state) for f in announced] == [(B1, S.Releasing)]
+        assert [(f.bundle, f.state, f.dst) for f in fixes] == [(B1, S.Assigning, b.me)]
         assert h.owner(B1) == b.me and B1 in b.broker.serving
         assert h.violations == []
