@@ -268,7 +268,7 @@ class OwnershipMonitor:
                 start = at  # this very announcement, persisted before this sweep read it
         seen = self._announced.setdefault((bundle, value.version_id), start)
         announced_s = now - seen
-        wait_s = self._settings.handover_wait_s
+        wait_s = self._handover_wait_s
         if announced_s < wait_s:
             sweep.handing_over[bundle] = announced_s
             return None

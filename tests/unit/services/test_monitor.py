@@ -48,7 +48,6 @@ SETTINGS = MonitorConfig(
     inflight_timeout_s=30,
     tombstone_after_s=3600,
     orphan_cleanup_grace_s=60,
-    handover_wait_s=20,
 )
 
 
@@ -171,7 +170,7 @@ async def test_orphans_are_announced_after_the_grace_and_handed_over_after_the_w
         assert r.follower.get(B2).state is S.Owned  # a live owner's bundle is left alone
 
         # Y is told only once the hand-over wait has passed since the announcement was seen.
-        await r.clock.run_for(SETTINGS.handover_wait_s - 1)
+        await r.clock.run_for(HANDOVER_S - 1)
         report = await r.sweep()
         assert report.fixes == () and set(report.handing_over) == {B1}
         await r.clock.run_for(1.5)
@@ -193,7 +192,7 @@ async def test_an_announced_move_waits_for_the_sidecar_of_a_broker_that_came_bac
         await r.sweep()
         await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
         assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing]
-        await r.clock.run_for(SETTINGS.handover_wait_s + 0.5)
+        await r.clock.run_for(HANDOVER_S + 0.5)
         # X is registered again in the store, though this leader's watch has not shown it yet:
         # its sidecar releases the bundle itself, so the leader does not hand it over.
         await r.others.register_broker(X, BrokerInfo(X).to_json())
@@ -389,7 +388,7 @@ async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> No
         announced = (await monitor.run_once(TERM)).fixes
         await h.idle()
         assert h.owner(B1) is None and B1 not in b.broker.serving
-        await h.clock.run_for(SETTINGS.handover_wait_s + 0.5)
+        await h.clock.run_for(HANDOVER_S + 0.5)
         fixes = (await monitor.run_once(TERM)).fixes
         await h.idle()
 

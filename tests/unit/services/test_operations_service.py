@@ -268,7 +268,7 @@ async def test_a_transfer_whose_destination_died_mid_move_says_so() -> None:
         transfer = asyncio.create_task(a.operations.transfer(B0, b.me))
         await turns(lambda: (v := a.follower.get(B0)) is not None and v.state is S.Assigning)
         await b.close()  # b dies before it took the bundle
-        await settle(h.clock, transfer.done, seconds=20)
+        await settle(h.clock, transfer.done, seconds=40)
         with pytest.raises(PreconditionError, match=f"transfer of {B0} to b did not complete"):
             await transfer
         assert h.owner(B0) in ("a", "c")
