@@ -3,7 +3,8 @@
 Every sidecar applies the state channel with :func:`resolve`, in channel order, so every sidecar
 materialises the same table: the first valid change of a bundle wins and later conflicting ones are
 ignored by everyone. The rules are Pulsar's ``ServiceUnitStateDataConflictResolver`` for a
-system-topic channel, plus the leader term of DESIGN §4, checked first of all (see :func:`resolve`).
+system-topic channel, plus the leader term of DESIGN §4, checked first of all, and the server rule
+(a bundle changes brokers only by a hand-over), checked last (see :func:`resolve`).
 
 A value travels as a JSON object with every field present (absent ones null); the empty value is a
 tombstone. :func:`decode_value` is deliberately lenient where leniency cannot split the cluster
@@ -201,6 +202,24 @@ def holder(data: ServiceUnitStateData | None) -> BrokerId | None:
     return None
 
 
+def server_of(data: ServiceUnitStateData | None) -> BrokerId | None:
+    """The broker that may be serving the bundle: the owner of an Owned value, the source of a
+    Releasing or Splitting one (it serves until it has closed the bundle), the destination of an
+    Assigning one (it is told to Own as soon as its sidecar sees the value). None for Init, Free,
+    Deleted and no value.
+
+    :func:`resolve` lets a value change the server from one broker to another only in the hand-over
+    ``Releasing(src=X) -> Assigning(dst=Y)``, which a sidecar writes only once X has stopped.
+    """
+    if data is None:
+        return None
+    if data.state is _S.Owned or data.state is _S.Assigning:
+        return data.dst_broker
+    if data.state is _S.Releasing or data.state is _S.Splitting:
+        return data.source_broker
+    return None
+
+
 def to_json_object(data: ServiceUnitStateData) -> dict[str, object]:
     """``data`` as the JSON object of the channel: every field present, absent ones None."""
     children = None if data.split_children is None else dict(data.split_children)
@@ -320,6 +339,8 @@ class Rule(enum.Enum):
     """Accepted: a tombstone is always accepted."""
     STALE_TERM = "stale_term"
     """Rejected: a forced write from a leader term below the highest applied."""
+    TERM_JUMP = "term_jump"
+    """Rejected: a leader term more than :data:`MAX_TERM_JUMP` above the highest applied."""
     STALE_VERSION = "stale_version"
     """Rejected: version not above the current one."""
     VERSION_GAP = "version_gap"
@@ -332,6 +353,9 @@ class Rule(enum.Enum):
     """Rejected: the state change is not allowed."""
     BAD_BROKERS = "bad_brokers"
     """Rejected: the state change is allowed but the brokers do not fit it."""
+    SERVER_CHANGE = "server_change"
+    """Rejected: the value would make another broker the server while one still is, other than by
+    the hand-over Releasing -> Assigning (forced, gapped or not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +366,19 @@ class Verdict:
     rule: Rule
     reason: str
     """A human sentence: why it was accepted or rejected (logged once with the decision)."""
+
+
+MAX_TERM_JUMP: Final = 2**40
+"""How far a value's leader term may lie above the highest term applied so far.
+
+A leader leads with its etcd revision T, or with H + T when the channel's highest term H is not
+below T (:mod:`lbd.services.leader.election`). Its table at election is a prefix of what every
+sidecar has applied before its writes, so its term lies at most T above the highest term they
+have applied. etcd revisions never come near 2^40 (35 years at a thousand writes a second; lbd
+makes a few a minute), so a term beyond the bound is forged or corrupt. Accepting it would make
+every later leader's forced writes stale for good; a forged term within the bound costs one
+re-election.
+"""
 
 
 def resolve(
@@ -356,11 +393,19 @@ def resolve(
        deposed leader, and a forced write is exactly what must not slip through on a gapped
        version or onto an empty bundle, so this check precedes every version rule. A non-forced
        write is judged by the transition rules alone, which keep it safe whoever wrote it;
-    3. with no current value, ``new`` is judged from Init and its version is not compared;
-    4. ``new.version_id <= cur.version_id`` is rejected, forced or not;
-    5. ``new.version_id >= cur.version_id + 2`` is accepted without further checks;
-    6. otherwise (the next version, or no current value) a forced write is accepted; else the
-       transition must be allowed and the broker checks of :func:`_broker_problem` must hold.
+    3. a value whose ``leader_term`` is above ``highest_term + MAX_TERM_JUMP`` is rejected, forced
+       or not (any accepted term raises the highest term): no leader's term jumps that far, and
+       accepting it would make every later leader's forced writes stale;
+    4. with no current value, ``new`` is judged from Init and its version is not compared;
+    5. ``new.version_id <= cur.version_id`` is rejected, forced or not;
+    6. ``new.version_id >= cur.version_id + 2`` is accepted without the checks of rule 7;
+    7. otherwise (the next version, or no current value) a forced write is accepted; else the
+       transition must be allowed and the broker checks of :func:`_broker_problem` must hold;
+    8. a value that rules 4 to 7 accept is still rejected if it makes another broker the server
+       (:func:`server_of`) while one still is, unless it is the hand-over ``Releasing ->
+       Assigning``: neither a gap (the reader missed messages) nor an override may let a broker
+       serve before the previous one released. A change to or from no server is not this rule's
+       business; the normal flows never trip it.
     """
     if new is None:
         return Verdict(True, Rule.TOMBSTONE, "tombstone")
@@ -371,6 +416,23 @@ def resolve(
             f"forced write from leader term {new.leader_term} < highest applied term "
             f"{highest_term}",
         )
+    if new.leader_term is not None and new.leader_term > highest_term + MAX_TERM_JUMP:
+        return Verdict(
+            False,
+            Rule.TERM_JUMP,
+            f"leader_term {new.leader_term} > highest applied term {highest_term} + "
+            f"{MAX_TERM_JUMP} (the largest jump between two leaders)",
+        )
+    verdict = _judge(cur, new)
+    if verdict.accepted and cur is not None:
+        problem = _server_change_problem(cur, new)
+        if problem is not None:
+            return Verdict(False, Rule.SERVER_CHANGE, f"{verdict.reason}: {problem}")
+    return verdict
+
+
+def _judge(cur: ServiceUnitStateData | None, new: ServiceUnitStateData) -> Verdict:
+    """Rules 4 to 7 of :func:`resolve`: versions, transitions and brokers."""
     if cur is not None:
         if new.version_id <= cur.version_id:
             return Verdict(
@@ -394,6 +456,19 @@ def resolve(
     if problem is not None:
         return Verdict(False, Rule.BAD_BROKERS, f"{move}: {problem}")
     return Verdict(True, Rule.TRANSITION, move)
+
+
+def _server_change_problem(cur: ServiceUnitStateData, new: ServiceUnitStateData) -> str | None:
+    """Rule 8 of :func:`resolve`: what is wrong with the change of server, or None if nothing."""
+    was, will = server_of(cur), server_of(new)
+    if was is None or will is None or was == will:
+        return None
+    if cur.state is _S.Releasing and new.state is _S.Assigning:
+        return None
+    return (
+        f"{new.state.value} would make {will!r} the server while {cur.state.value} {was!r} still "
+        f"is (only Releasing -> Assigning hands a bundle over)"
+    )
 
 
 def _broker_problem(cur: ServiceUnitStateData, new: ServiceUnitStateData) -> str | None:

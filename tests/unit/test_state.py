@@ -11,12 +11,14 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
     FIELDS,
+    MAX_TERM_JUMP,
     ServiceUnitState,
     ServiceUnitStateData,
     decode_value,
     encode_value,
     is_allowed_transition,
     resolve,
+    server_of,
     state_of,
 )
 from lbd.core.state import Rule as R
@@ -101,6 +103,12 @@ def version_after(cur: ServiceUnitStateData | None, step: int) -> int:
     return (CUR_VERSION if cur is None else cur.version_id) + step
 
 
+def same_server(cur: ServiceUnitStateData | None) -> BrokerId:
+    """A broker that, as both src and dst of any value, keeps the server of ``cur`` (or names one
+    where ``cur`` has none), and fails most broker checks."""
+    return server_of(cur) or C
+
+
 # --- the transition table ---------------------------------------------------------------------
 
 
@@ -138,10 +146,11 @@ def test_next_version_is_accepted_iff_the_transition_is_allowed(cur_name: str, t
 
 
 @pytest.mark.parametrize(("cur_name", "to"), PAIRS)
-def test_forced_next_version_is_always_accepted(cur_name: str, to: S) -> None:
+def test_forced_next_version_that_keeps_the_server_is_always_accepted(cur_name: str, to: S) -> None:
     cur = CURRENT[cur_name]
-    # Brokers that fail every broker check: force skips them as well as the transition table.
-    new = data(to, version_after(cur, 1), dst=C, src=C, force=True)
+    # Brokers that fail most broker checks: force skips them as well as the transition table.
+    broker = same_server(cur)
+    new = data(to, version_after(cur, 1), dst=broker, src=broker, force=True)
     verdict = resolve(cur, new, highest_term=0)
     assert verdict.accepted
     assert verdict.rule is R.FORCED
@@ -149,9 +158,12 @@ def test_forced_next_version_is_always_accepted(cur_name: str, to: S) -> None:
 
 @pytest.mark.parametrize(("cur_name", "to"), [p for p in PAIRS if p[0] != "none"])
 @pytest.mark.parametrize("step", [2, 3, 1000])
-def test_version_gap_is_accepted_without_checks(cur_name: str, to: S, step: int) -> None:
+def test_version_gap_that_keeps_the_server_is_accepted_without_checks(
+    cur_name: str, to: S, step: int
+) -> None:
     cur = CURRENT[cur_name]
-    new = data(to, version_after(cur, step), dst=C, src=C)
+    broker = same_server(cur)
+    new = data(to, version_after(cur, step), dst=broker, src=broker)
     verdict = resolve(cur, new, highest_term=0)
     assert verdict.accepted
     assert verdict.rule is R.VERSION_GAP
@@ -272,10 +284,22 @@ def test_broker_checks(
         assert problem in verdict.reason
 
 
-@pytest.mark.parametrize(("cur", "new"), [(case[1], case[2]) for case in BROKER_CASES if case[3]])
-def test_force_skips_broker_checks(cur: ServiceUnitStateData, new: ServiceUnitStateData) -> None:
+SERVER_CHANGING_CASES = {"release wrong src", "split wrong src", "own other dst"}
+"""The broker cases whose new value names another server: force does not skip that rule."""
+
+
+@pytest.mark.parametrize(
+    ("cur", "new", "changes_server"),
+    [(case[1], case[2], case[0] in SERVER_CHANGING_CASES) for case in BROKER_CASES if case[3]],
+    ids=[case[0] for case in BROKER_CASES if case[3]],
+)
+def test_force_skips_broker_checks_but_not_the_server_rule(
+    cur: ServiceUnitStateData, new: ServiceUnitStateData, changes_server: bool
+) -> None:
     forced = data(new.state, new.version_id, dst=new.dst_broker, src=new.source_broker, force=True)
-    assert resolve(cur, forced, highest_term=0).accepted
+    verdict = resolve(cur, forced, highest_term=0)
+    assert verdict.accepted != changes_server, verdict.reason
+    assert verdict.rule is (R.SERVER_CHANGE if changes_server else R.FORCED)
 
 
 # --- tombstones and leader terms ----------------------------------------------------------------
@@ -290,7 +314,7 @@ def test_tombstone_is_always_accepted(cur_name: str, highest_term: int) -> None:
 
 
 def _forced(version: int, term: int | None) -> ServiceUnitStateData:
-    return data(S.Owned, version, dst=C, force=True, term=term)
+    return data(S.Owned, version, dst=A, force=True, term=term)
 
 
 @pytest.mark.parametrize(
@@ -321,6 +345,168 @@ def test_non_forced_write_from_an_older_term_is_judged_by_the_transition_rules()
     bad = data(S.Assigning, N, dst=B, term=1)
     assert resolve(OWNED_A, ok, highest_term=4).rule is R.TRANSITION
     assert resolve(OWNED_A, bad, highest_term=4).rule is R.BAD_TRANSITION
+
+
+@pytest.mark.parametrize(
+    ("cur", "version"),
+    [(None, 1), (OWNED_A, N), (OWNED_A, N + 5)],
+    ids=["no value", "next version", "version gap"],
+)
+@pytest.mark.parametrize("force", [True, False])
+def test_a_leader_term_beyond_the_largest_jump_is_rejected(
+    cur: ServiceUnitStateData | None, version: int, force: bool
+) -> None:
+    # A non-forced value is judged by its term too: any accepted term raises the highest one.
+    new = data(S.Releasing, version, dst=B, src=A, force=force, term=2**62)
+    verdict = resolve(cur, new, highest_term=7)
+    assert not verdict.accepted
+    assert verdict.rule is R.TERM_JUMP
+    assert verdict.reason == (
+        f"leader_term {2**62} > highest applied term 7 + {2**40} "
+        "(the largest jump between two leaders)"
+    )
+
+
+def test_a_leader_term_at_the_largest_jump_is_judged_normally() -> None:
+    assert MAX_TERM_JUMP == 2**40
+    at_bound = _forced(N, term=7 + MAX_TERM_JUMP)
+    assert resolve(OWNED_A, at_bound, highest_term=7).rule is R.FORCED
+    beyond = _forced(N, term=7 + MAX_TERM_JUMP + 1)
+    assert resolve(OWNED_A, beyond, highest_term=7).rule is R.TERM_JUMP
+
+
+# --- the server rule ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "server"),
+    [
+        (None, None),
+        (data(S.Init, src=A), None),
+        (data(S.Free, dst=B, src=A), None),
+        (data(S.Owned, dst=A, src=B), A),
+        (data(S.Assigning, dst=B, src=A), B),
+        (data(S.Releasing, dst=B, src=A), A),
+        (data(S.Releasing, dst=B), None),
+        (data(S.Splitting, src=A), A),
+        (data(S.Deleted, src=A), None),
+    ],
+    ids=[
+        "none",
+        "Init",
+        "Free",
+        "Owned",
+        "Assigning",
+        "Releasing",
+        "Releasing without src",
+        "Splitting",
+        "Deleted",
+    ],
+)
+def test_server_of(value: ServiceUnitStateData | None, server: BrokerId | None) -> None:
+    assert server_of(value) == server
+
+
+GAP = N + 3
+SERVER_CHANGES = [
+    # (case, cur, new): the new value makes another broker the server while one still is.
+    ("owned to owned by a gap", OWNED_A, data(S.Owned, GAP, dst=B)),
+    ("owned to owned forced", OWNED_A, data(S.Owned, N, dst=B, force=True)),
+    ("owned to assigning by a gap", OWNED_A, data(S.Assigning, GAP, dst=B, src=A)),
+    ("owned to assigning forced", OWNED_A, data(S.Assigning, N, dst=B, src=A, force=True)),
+    ("owned to releasing from another", OWNED_A, data(S.Releasing, GAP, dst=B, src=C)),
+    ("owned to splitting by another", OWNED_A, data(S.Splitting, N, src=B, force=True)),
+    ("splitting to owned by another", SPLITTING, data(S.Owned, N, dst=B, force=True)),
+    ("releasing to owned by the dst", RELEASING, data(S.Owned, GAP, dst=B, src=A)),
+    ("assigning to owned by another", ASSIGNING, data(S.Owned, N, dst=C, src=A, force=True)),
+    ("assigning to releasing from another", ASSIGNING, data(S.Releasing, GAP, dst=C, src=A)),
+]
+
+
+@pytest.mark.parametrize(
+    ("cur", "new"),
+    [case[1:] for case in SERVER_CHANGES],
+    ids=[case[0] for case in SERVER_CHANGES],
+)
+def test_a_value_that_changes_the_server_other_than_by_a_hand_over_is_rejected(
+    cur: ServiceUnitStateData, new: ServiceUnitStateData
+) -> None:
+    verdict = resolve(cur, new, highest_term=0)
+    assert not verdict.accepted
+    assert verdict.rule is R.SERVER_CHANGE
+    was, will = server_of(cur), server_of(new)
+    assert verdict.reason.endswith(
+        f": {new.state.value} would make {will!r} the server while {cur.state.value} {was!r} "
+        "still is (only Releasing -> Assigning hands a bundle over)"
+    )
+
+
+def test_the_server_rule_names_the_rule_that_would_have_accepted() -> None:
+    verdict = resolve(OWNED_A, data(S.Owned, GAP, dst=B), highest_term=0)
+    assert verdict.reason.startswith(f"version {GAP} skips past current {CUR_VERSION} + 1: ")
+    verdict = resolve(OWNED_A, data(S.Owned, N, dst=B, force=True), highest_term=0)
+    assert verdict.reason.startswith("forced Owned -> Owned: ")
+
+
+SERVER_KEPT_OR_HANDED_OVER = [
+    # (case, cur, new, rule): accepted although forced or gapped.
+    ("hand over to another dst, forced", RELEASING, data(S.Assigning, N, dst=C, src=A, force=True)),
+    ("hand over by a gap", RELEASING, data(S.Assigning, GAP, dst=C)),
+    ("owned to free by a gap", OWNED_A, data(S.Free, GAP, src=A)),
+    ("owned to deleted forced", OWNED_A, data(S.Deleted, N, src=B, force=True)),
+    ("free to owned by a gap", FREE, data(S.Owned, GAP, dst=B)),
+    ("deleted to owned forced", data(S.Deleted, src=A), data(S.Owned, N, dst=B, force=True)),
+    ("init value to owned", data(S.Init, src=A), data(S.Owned, N, dst=B)),
+    ("no value to owned", None, data(S.Owned, 1, dst=B)),
+    # What the leader's monitor writes: an announced move, its hand-over, and undone moves.
+    ("announce a move off the owner", OWNED_A, data(S.Releasing, N, dst=C, src=A, force=True)),
+    ("announce a move off the dst", ASSIGNING, data(S.Releasing, N, dst=C, src=B, force=True)),
+    ("announce a move off a splitter", SPLITTING, data(S.Releasing, N, dst=C, src=A, force=True)),
+    ("finish a stuck assignment", ASSIGNING, data(S.Owned, N, dst=B, force=True)),
+    ("undo a stuck release", RELEASING, data(S.Owned, N, dst=A, force=True)),
+    ("undo a stuck split", SPLITTING, data(S.Owned, N, dst=A, force=True)),
+]
+
+
+@pytest.mark.parametrize(
+    ("cur", "new"),
+    [case[1:] for case in SERVER_KEPT_OR_HANDED_OVER],
+    ids=[case[0] for case in SERVER_KEPT_OR_HANDED_OVER],
+)
+def test_a_value_that_keeps_the_server_hands_it_over_or_has_none_is_accepted(
+    cur: ServiceUnitStateData | None, new: ServiceUnitStateData
+) -> None:
+    verdict = resolve(cur, new, highest_term=0)
+    assert verdict.accepted, verdict.reason
+    assert verdict.rule is not R.SERVER_CHANGE
+
+
+FLOWS = {
+    "lookup": [data(S.Assigning, 1, dst=A), data(S.Owned, 2, dst=A)],
+    "lookup after free": [
+        data(S.Free, 1, src=B),
+        data(S.Assigning, 2, dst=A),
+        data(S.Owned, 3, dst=A),
+    ],
+    "transfer": [
+        data(S.Owned, 1, dst=A),
+        data(S.Releasing, 2, dst=B, src=A),
+        data(S.Assigning, 3, dst=B, src=A),
+        data(S.Owned, 4, dst=B, src=A),
+    ],
+    "unload": [data(S.Owned, 1, dst=A), data(S.Releasing, 2, src=A), data(S.Free, 3, src=A)],
+    "split": [data(S.Owned, 1, dst=A), data(S.Splitting, 2, src=A), data(S.Deleted, 3, src=A)],
+    "split child": [data(S.Owned, 1, dst=A)],
+}
+
+
+@pytest.mark.parametrize("flow", list(FLOWS))
+def test_the_normal_flows_pass_every_rule(flow: str) -> None:
+    cur: ServiceUnitStateData | None = None
+    for new in FLOWS[flow]:
+        verdict = resolve(cur, new, highest_term=0)
+        assert verdict.rule is R.TRANSITION, verdict.reason
+        cur = new
 
 
 # --- the value and its codec --------------------------------------------------------------------

@@ -4,11 +4,13 @@ Logs are generated step by step against a model table, so that most writes are p
 steps (the next version, an allowed transition, brokers that mostly pass the checks) mixed with
 stale, gapped, forced, tombstone and malformed messages.
 
-The ownership property is stated per bundle, as the channel only ever sees bundles one at a time:
-an ``Owned`` value accepted as a normal transition never takes a bundle from a broker that had not
-released it, and a bundle that was split never becomes Owned again except after an Init value, a
-tombstone or an override. (That a split's parent is not re-created next to its children is kept
-by the namespace bundle layout in the metadata store, not by the channel.)
+The ownership properties are stated per bundle, as the channel only ever sees bundles one at a
+time: an ``Owned`` value accepted as a normal transition never takes a bundle from a broker that had
+not released it, and a bundle that was split never becomes Owned again except after an Init value,
+a tombstone or an override. Whatever the rule that accepts it (a gap, an override), no value makes
+another broker the server while one still is, but by the hand-over Releasing -> Assigning. (That a
+split's parent is not re-created next to its children is kept by the namespace bundle layout in the
+metadata store, not by the channel.) Leader terms never jump further than ``MAX_TERM_JUMP``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
     ALLOWED_TRANSITIONS,
+    MAX_TERM_JUMP,
     Rule,
     ServiceUnitState,
     ServiceUnitStateData,
@@ -91,7 +94,8 @@ def arbitrary_value(draw: st.DrawFn, cur: ServiceUnitStateData | None) -> Servic
         draw(maybe_broker),
         draw(maybe_broker),
         draw(st.booleans()),
-        draw(st.one_of(st.none(), st.integers(0, 4))),
+        # Now and then a forged term, within the largest jump or far beyond it.
+        draw(st.one_of(st.none(), st.integers(0, 4), st.sampled_from([10**6, 2**62]))),
     )
 
 
@@ -202,6 +206,17 @@ def test_forced_writes_of_deposed_leaders_never_apply(log: list[Message]) -> Non
             highest = max(highest, new.leader_term)
 
 
+@PROPERTY_SETTINGS
+@given(channel_logs())
+def test_leader_terms_never_jump_beyond_the_largest_jump(log: list[Message]) -> None:
+    highest = 0
+    for result in replay(log):
+        new = result.new
+        if result.outcome is Outcome.ACCEPTED and new is not None and new.leader_term is not None:
+            assert new.leader_term <= highest + MAX_TERM_JUMP
+            highest = max(highest, new.leader_term)
+
+
 def _holder(value: ServiceUnitStateData | None) -> BrokerId | None:
     """Who still serves a bundle in this state, until it has released it."""
     if value is None:
@@ -236,3 +251,29 @@ def test_owner_changes_only_after_a_release(log: list[Message]) -> None:
         if new is not None and new.state is S.Splitting:
             b.split = True
         b.holder = _holder(new)
+
+
+def _server(value: ServiceUnitStateData | None) -> BrokerId | None:
+    """The broker that may be serving a bundle in this state (written out apart from the core's
+    ``server_of``): the owner, the source of a Releasing or Splitting, the dst of an Assigning."""
+    if value is None:
+        return None
+    if value.state in (S.Owned, S.Assigning):
+        return value.dst_broker
+    if value.state in (S.Releasing, S.Splitting):
+        return value.source_broker
+    return None
+
+
+@PROPERTY_SETTINGS
+@given(channel_logs())
+def test_the_server_changes_only_by_a_hand_over(log: list[Message]) -> None:
+    for result in replay(log):
+        if result.outcome is not Outcome.ACCEPTED:
+            continue
+        was, will = _server(result.old), _server(result.new)
+        if was is not None and will is not None and was != will:
+            assert result.old is not None and result.new is not None
+            assert (result.old.state, result.new.state) == (S.Releasing, S.Assigning), (
+                f"{result.key}: {result.rule} made {will} the server while {was} still was"
+            )

@@ -2,15 +2,25 @@
 
 Exactly one sidecar should run the cluster-wide duties (DESIGN §8): the unload scheduler, the
 ownership monitor and checkpoints. The election is the metadata store's (lowest create revision
-wins; the term is that revision). The duties run as guarded tasks, one per duty, and stop:
+wins; the etcd term is that revision). Two terms come out of it:
+
+- the **etcd term** T names the leadership: it is what :attr:`LeaderElector.leader` (so GetLeader)
+  and the metrics report, as every sidecar's ``watch_leader`` sees the same;
+- the **channel term** fences the leader's forced channel writes (DESIGN §4) and is what the
+  duties get: T while the channel's highest term H is below T, else H + T (:func:`channel_term`).
+  H >= T means a forged term in the channel (one within the resolver's ``MAX_TERM_JUMP``; larger
+  ones are rejected) or an etcd whose revisions were reset; rather than stepping down for good, the
+  leader leads above it.
+
+The duties run as guarded tasks, one per duty, and stop:
 
 - when the session becomes unreachable or loses its lease: a leader that cannot reach the store
   cannot know it still leads, so it does nothing that only a leader may do until the store says
   so again (it campaigns again: the same candidacy and term if the lease survived, a new one at
   the back of the queue if not);
-- when the channel table shows a leader term above ours (Kafka's controller epoch): someone was
-  elected after us, so we are deposed whatever our session says; we withdraw our candidacy and
-  campaign again after a pause.
+- when the channel table shows a leader term above our channel term (Kafka's controller epoch):
+  someone was elected after us (or forged a term), so we are deposed whatever our session says; we
+  withdraw our candidacy and campaign again after a pause, to lead above that term if we win.
 
 Every sidecar also follows who leads (``watch_leader``) for the API to forward leader-only
 requests.
@@ -27,6 +37,7 @@ from typing import Protocol
 
 from lbd.core.errors import PreconditionError
 from lbd.core.ids import BrokerId
+from lbd.core.state import INT64_MAX
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
@@ -46,7 +57,8 @@ class LeaderDuty(Protocol):
         ...
 
     async def run_leading(self, term: int) -> None:
-        """Do the job for as long as it is not cancelled; ``term`` is the leader's term.
+        """Do the job for as long as it is not cancelled; ``term`` is the leader's channel term
+        (the ``leader_term`` of its forced writes, see :func:`channel_term`).
 
         Must handle its own per-cycle failures (an unreachable store) and never return; an
         exception escaping it is a bug and stops the daemon.
@@ -60,7 +72,19 @@ class StepDown(enum.Enum):
     UNREACHABLE = "the metadata store is unreachable"
     LEASE_LOST = "the session lease was lost"
     HIGHER_TERM = "the channel shows a higher leader term"
+    NO_TERM_LEFT = "the channel's highest term leaves no room for a higher one"
     DUTY_DIED = "a leader duty died"
+
+
+def channel_term(etcd_term: int, highest: int) -> int:
+    """The term a leader elected at ``etcd_term`` writes under, the channel's highest term being
+    ``highest``: the etcd term when it is above ``highest``, else ``highest + etcd_term``.
+
+    Either way it is above ``highest``, and for the same ``highest`` a later election (a higher
+    etcd term) gives a higher channel term, so two leaders elected over the same table never share
+    one. It lies at most ``etcd_term`` above ``highest``, within the resolver's ``MAX_TERM_JUMP``.
+    """
+    return etcd_term if highest < etcd_term else highest + etcd_term
 
 
 class LeaderElector:
@@ -87,6 +111,7 @@ class LeaderElector:
         self._retry_s = retry_s
         self._on_death = on_death
         self._term: int | None = None
+        self._channel_term: int | None = None
         self._leader: Leader | None = None
         self._reachable = True
         self._stop: asyncio.Future[StepDown] | None = None
@@ -100,8 +125,13 @@ class LeaderElector:
 
     @property
     def term(self) -> int | None:
-        """Our term while we lead, else None."""
+        """Our etcd term while we lead, else None."""
         return self._term
+
+    @property
+    def channel_term(self) -> int | None:
+        """Our channel term (see :func:`channel_term`) while we lead, else None."""
+        return self._channel_term
 
     @property
     def leader(self) -> Leader | None:
@@ -153,30 +183,45 @@ class LeaderElector:
                 continue
             reason = await self._lead(elected.term)
             if reason is StepDown.HIGHER_TERM:
-                # Our candidacy is older than the newer leader's, yet it leads: the store's
-                # revisions were reset. Queue up again behind it.
+                # Someone leads above our channel term: a newer leader or a forged term. Queue up
+                # again; a new candidacy, if it wins, leads above the term now in the channel.
                 with contextlib.suppress(UnavailableError, PreconditionError):
                     await self._metadata.resign()
             await self._clock.sleep(self._retry_s)
 
     async def _lead(self, term: int) -> StepDown:
-        """Run the duties until a reason to stop; return that reason."""
+        """Run the duties until a reason to stop; return that reason. ``term``: the etcd term."""
         if not self._reachable:
             _log.info("leader election: term %d won, but the store is unreachable", term)
             return StepDown.UNREACHABLE
         highest = self._follower.table.highest_term
-        if highest > term:
-            _log.warning("leader election: term %d won, but the channel has term %d", term, highest)
-            return StepDown.HIGHER_TERM
+        ours = channel_term(term, highest)
+        if ours > INT64_MAX:
+            # Only a forged term within a jump of the maximum gets here: no value can carry ours.
+            _log.error(
+                "leader election: term %d won, but the channel's highest term %d leaves no room "
+                "for a higher one; the leader duties cannot run",
+                term,
+                highest,
+            )
+            return StepDown.NO_TERM_LEFT
+        if ours != term:
+            _log.warning(
+                "leader election: term %d won, but the channel has term %d: leading with "
+                "channel term %d",
+                term,
+                highest,
+                ours,
+            )
         stop: asyncio.Future[StepDown] = asyncio.get_running_loop().create_future()
         self._stop = stop
-        self._term = term
+        self._term, self._channel_term = term, ours
         self._observe()
-        _log.info("leader election: %s leads with term %d", self._me, term)
-        tasks = [guard(self._watch_terms(term), name="leader-term-watch")]
+        _log.info("leader election: %s leads with term %d (channel term %d)", self._me, term, ours)
+        tasks = [guard(self._watch_terms(ours), name="leader-term-watch")]
         tasks += [
             guard(
-                duty.run_leading(term),
+                duty.run_leading(ours),
                 name=f"leader-{duty.name}",
                 on_death=self._duty_died,
             )
@@ -185,13 +230,17 @@ class LeaderElector:
         try:
             reason = await stop
             _log.warning(
-                "leader election: %s steps down from term %d: %s", self._me, term, reason.value
+                "leader election: %s steps down from term %d (channel term %d): %s",
+                self._me,
+                term,
+                ours,
+                reason.value,
             )
             return reason
         finally:
             self._stop = None
             await _cancel_all(tasks)
-            self._term = None
+            self._term = self._channel_term = None
             self._observe()
 
     def _step_down(self, reason: StepDown) -> None:
@@ -223,10 +272,13 @@ class LeaderElector:
         self._step_down(StepDown.LEASE_LOST)
 
     async def _watch_terms(self, term: int) -> None:
+        """Step down once the channel shows a term above our channel term ``term``."""
         async for _ in self._follower.changes():
             highest = self._follower.table.highest_term
             if highest > term:
-                _log.warning("leader election: channel term %d is above our term %d", highest, term)
+                _log.warning(
+                    "leader election: channel term %d is above our channel term %d", highest, term
+                )
                 self._step_down(StepDown.HIGHER_TERM)
                 return
 

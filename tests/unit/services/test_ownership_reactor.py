@@ -8,7 +8,6 @@ from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
 from rig import QUIET, settle, turns
 
 from lbd.core.bundles import NamespaceBundles
-from lbd.core.ids import BrokerId
 from lbd.core.state import ServiceUnitState
 from lbd.core.tuning import MonitorConfig
 
@@ -96,14 +95,14 @@ async def test_the_broker_serves_exactly_what_the_table_says_after_reattaching()
         assert a.broker.serving == set(BUNDLES[:2])
 
 
-async def test_a_served_bundle_the_table_gives_to_another_broker_is_closed() -> None:
+async def test_a_served_bundle_the_table_takes_away_is_closed() -> None:
     async with Harness() as h:
         a = await h.add("a", auto_ack=False, fake_broker=True)
         await h.ready()
         await a.proposer.propose(B0, S.Assigning, dst=a.me)
         await h.idle()
-        # A forced override (as the leader's monitor writes) gives it to someone else.
-        await a.proposer.propose(B0, S.Assigning, dst=BrokerId("other"), force=True, leader_term=1)
+        # A forced override frees it (no value may give it to another broker while a serves it).
+        await a.proposer.propose(B0, S.Free, src=a.me, force=True, leader_term=1)
         await h.idle()
         assert h.kinds(B0) == [("a", "own"), ("a", "close")]
         assert a.broker.serving == set() and a.served() == frozenset()
