@@ -45,7 +45,8 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
     async def WatchOwnership(
         self, request: lbd_pb2.WatchOwnershipRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lbd_pb2.OwnershipChange]:
-        """Every matching bundle's current value, then each accepted change, in channel order."""
+        """Every matching bundle's current value, the end of those, then each accepted change,
+        in channel order."""
         namespace = NamespaceName.parse(request.namespace) if request.namespace else None
         prefix = f"{namespace}/" if namespace is not None else ""
         # Subscribed, then the snapshot taken, with no await between: every change is either
@@ -57,6 +58,7 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
             )
             for bundle, value in snapshot:
                 yield convert.ownership_change(bundle, value)
+            yield lbd_pb2.OwnershipChange(snapshot_done=True)
             async for change in changes:
                 if change.key.startswith(prefix):
                     yield convert.ownership_change(change.key, change.new)

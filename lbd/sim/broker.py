@@ -1,14 +1,12 @@
 """A simulated broker: holds a ``BrokerSession`` with its sidecar and does what it is told.
 
-It says Hello with a synthetic :class:`BrokerInfo`, serves the bundles it is told to ``Own``,
-stops serving them on ``Release`` and ``Close`` (acknowledging every command), and sends a load
+It runs on the broker-side library (:class:`lbd.broker.BrokerClient`), which keeps the session,
+the serving lease and the acks: it says Hello with a synthetic :class:`BrokerInfo`, serves the
+bundles it is told to ``Own``, stops serving them on ``Release`` and ``Close``, and sends a load
 report every ``report_interval_s`` computed by a :class:`~lbd.sim.workload.Workload` from the
-bundles it serves. It holds the serving lease of the broker contract (:mod:`lbd.core.lease`):
-it asks right after Hello and then every quarter of the duration granted, serves only while the
-lease is valid, and when the lease runs out it stops serving everything and forgets it, like a
-broker whose session dropped -- a broker cut off from its sidecar cannot know whether its bundles
-were handed to someone else. It reconnects with a capped exponential backoff; on the new session
-the sidecar sends ``Own`` again for what the broker still owns.
+bundles it serves. When its session ends or its lease runs out it stops serving everything and
+forgets it; it reconnects with a capped exponential backoff, and on the new session the sidecar
+sends ``Own`` again for what the broker still owns.
 
 With an :class:`EventLog` every change of what it serves is appended as one JSON line stamped
 with ``time.monotonic_ns()``, the same clock for every process on a host, so tests can check that
@@ -17,33 +15,24 @@ no two brokers ever served a bundle at the same time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import grpc
-
 from lbd import __version__
-from lbd.core.broker import ServingLease
-from lbd.core.bundles import parse_bundle_id
+from lbd.broker import BrokerClient, BrokerHandler, NewOwner
+from lbd.broker.client import check_address
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
-from lbd.core.lease import BrokerLease
 from lbd.core.load import ResourceUsage
-from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.gen.v1 import lbd_pb2
 from lbd.sim.workload import BrokerSample, Workload
-from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
-
-FIRST_LEASE_RETRY_S = 0.25
-"""How often the broker asks for a lease while it has been granted none in this session."""
 
 TOP_TOPICS_PER_BUNDLE = 10
 """Per-topic stats sent per bundle, the busiest first (the proto field is optional detail)."""
@@ -61,9 +50,7 @@ class SimBrokerConfig:
     reconnect_max_s: float = 2.0
 
     def __post_init__(self) -> None:
-        host, sep, port = self.sidecar.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise InvalidInputError(f"sidecar address must be HOST:PORT, got {self.sidecar!r}")
+        check_address(self.sidecar)
         if not self.broker_id:
             raise InvalidInputError("broker id must not be empty")
         if self.report_interval_s <= 0:
@@ -116,184 +103,90 @@ class EventLog:
         self._file.close()
 
 
-class SimBroker:
-    """The simulated broker's state (what it serves) and its session loop (:meth:`run`)."""
+class SimBroker(BrokerHandler):
+    """The simulated broker's state (what it was told to serve) and its event log; the
+    :class:`BrokerClient` it runs on calls it back."""
 
     def __init__(
         self, config: SimBrokerConfig, workload: Workload, events: EventLog | None = None
     ) -> None:
-        self._config = config
         self._workload = workload
         self._events = events
         self._served: set[BundleId] = set()
-        self._start_time_ms = int(time.time() * 1000)
-        self._sessions = 0
         self._reports = 0
-        self._lease_duration_s = 0.0
-        self.connected = asyncio.Event()
-        """Set while a session is open."""
+        self._client = BrokerClient(
+            config.sidecar,
+            config.info(int(time.time() * 1000)),
+            self,
+            report_interval_s=config.report_interval_s,
+            reconnect_min_s=config.reconnect_min_s,
+            reconnect_max_s=config.reconnect_max_s,
+        )
 
     @property
     def served(self) -> frozenset[BundleId]:
-        """The bundles this broker serves now."""
+        """The bundles this broker was told to serve (it serves them while its lease is valid)."""
         return frozenset(self._served)
 
     @property
     def sessions(self) -> int:
         """How many sessions were opened so far."""
-        return self._sessions
+        return self._client.sessions
 
     async def run(self) -> None:
         """Hold a session with the sidecar, reconnecting whenever it drops, until cancelled."""
-        delay = self._config.reconnect_min_s
-        async with grpc.aio.insecure_channel(self._config.sidecar) as channel:
-            stub = lbd_pb2_grpc.LoadBalancerStub(channel)
-            try:
-                while True:
-                    started = time.monotonic()
-                    opened = await self._session(stub)
-                    # Only a session that lasted resets the backoff: one the sidecar drops at
-                    # once must not turn into a tight reconnect loop.
-                    if opened and time.monotonic() - started >= self._config.reconnect_max_s:
-                        delay = self._config.reconnect_min_s
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self._config.reconnect_max_s)
-            finally:
-                self._stop_serving("broker stopping")
+        await self._client.run()
 
-    async def _session(self, stub: lbd_pb2_grpc.LoadBalancerStub) -> bool:
-        """One session, until it ends; True when it was opened at all."""
-        outbox: asyncio.Queue[lbd_pb2.BrokerMessage | None] = asyncio.Queue()
-        outbox.put_nowait(lbd_pb2.BrokerMessage(hello=self._config.info(self._start_time_ms)))
-        call = stub.BrokerSession(_drain(outbox))
-        reporter: asyncio.Task[None] | None = None
-        leasing: asyncio.Task[None] | None = None
-        lease = BrokerLease()
-        opened = False
-        try:
-            await call.wait_for_connection()
-            opened = True
-            self._sessions += 1
-            self.connected.set()
-            _log.info("session %d with sidecar %s open", self._sessions, self._config.sidecar)
-            self._record("session", None, detail="open")
-            reporter = guard(self._report_loop(outbox), name="sim-broker-load-reports")
-            granted = asyncio.Event()
-            leasing = guard(self._lease_loop(lease, granted, outbox), name="sim-broker-lease")
-            async for command in call:
-                if command.WhichOneof("kind") == "lease":
-                    self._granted(lease, command.lease, granted)
-                    continue
-                outbox.put_nowait(lbd_pb2.BrokerMessage(ack=self._apply(command)))
-            _log.warning("sidecar %s ended the session", self._config.sidecar)
-        except grpc.aio.AioRpcError as e:
-            if opened:
-                _log.warning(
-                    "session with sidecar %s lost: %s %s",
-                    self._config.sidecar,
-                    e.code().name,
-                    e.details(),
-                )
-            else:
-                _log.debug("sidecar %s unreachable: %s", self._config.sidecar, e.code().name)
-        finally:
-            for task in (leasing, reporter):
-                if task is not None:
-                    task.cancel()  # both at once: the first wait may be cut short by our own
-            await cancel_and_wait(leasing)
-            await cancel_and_wait(reporter)
-            # Ends the request stream: grpc's task writing it would otherwise wait forever when
-            # the server ended the call first (cancel() does not stop it then).
-            outbox.put_nowait(None)
-            call.cancel()
-            if opened:
-                self.connected.clear()
-                self._record("session", None, detail="lost")
-                self._stop_serving("session lost")
-        return opened
+    async def own(self, bundle: BundleId) -> str | None:
+        """Serve ``bundle`` from now (while the lease is valid)."""
+        if bundle not in self._served:
+            self._served.add(bundle)
+            self._record("own", bundle)
+        return None
 
-    def _granted(
-        self, lease: BrokerLease, msg: lbd_pb2.ServingLease, granted: asyncio.Event
-    ) -> None:
-        """Take a lease grant; a stale one (its request was sent too long ago) extends nothing."""
-        grant = ServingLease(msg.sequence, msg.duration_ms)
-        if lease.grant(grant, time.monotonic()) and lease.valid_until is not None:
-            self._lease_duration_s = grant.duration_ms / 1000
-            self._record("lease", None, until_ns=str(round(lease.valid_until * 1e9)))
-            granted.set()
-
-    async def _lease_loop(
-        self,
-        lease: BrokerLease,
-        granted: asyncio.Event,
-        outbox: asyncio.Queue[lbd_pb2.BrokerMessage | None],
-    ) -> None:
-        """Ask for the lease now and every quarter of its duration; stop serving when it runs
-        out before a renewal arrived."""
-        while True:
-            request = lease.request(time.monotonic())
-            outbox.put_nowait(
-                lbd_pb2.BrokerMessage(
-                    lease_request=lbd_pb2.LeaseRequest(
-                        sequence=request.sequence, lapses=request.lapses
-                    )
-                )
-            )
-            pause = self._lease_duration_s / 4 if self._lease_duration_s else FIRST_LEASE_RETRY_S
-            granted.clear()
-            deadline = time.monotonic() + pause
-            while (now := time.monotonic()) < deadline:
-                until = lease.valid_until
-                wait = deadline - now if until is None else min(deadline, until) - now
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(granted.wait(), timeout=max(wait, 0.0))
-                granted.clear()
-                if lease.lapse_if_due(time.monotonic()):
-                    _log.warning("serving lease ran out; stopping every bundle")
-                    self._stop_serving("serving lease ran out")
-
-    def _apply(self, command: lbd_pb2.SidecarMessage) -> lbd_pb2.CommandAck:
-        kind = command.WhichOneof("kind")
-        ack = lbd_pb2.CommandAck(command_id=command.command_id, ok=True)
-        if kind is None:
-            ack.ok, ack.error = False, "empty command"
-            return ack
-        bundle_text: str = getattr(command, kind).bundle
-        try:
-            bundle = parse_bundle_id(bundle_text).id
-        except InvalidInputError as e:
-            ack.ok, ack.error = False, str(e)
-            return ack
-        if kind == "own":
-            if bundle not in self._served:
-                self._served.add(bundle)
-                self._record("own", bundle)
-        elif bundle in self._served:
+    async def release(self, bundle: BundleId, new_owner: NewOwner | None) -> str | None:
+        """Stop serving ``bundle``; it went to ``new_owner``."""
+        if bundle in self._served:
             self._served.discard(bundle)
-            if kind == "release":
-                self._record("release", bundle, new_owner=command.release.new_owner_broker_id)
-            else:
-                self._record("close", bundle, reason=command.close.reason)
-        _log.info("%s %s (serving %d bundles)", kind, bundle, len(self._served))
-        return ack
+            owner = new_owner.broker_id if new_owner is not None else ""
+            self._record("release", bundle, new_owner=owner)
+        return None
 
-    def _stop_serving(self, reason: str) -> None:
+    async def close(self, bundle: BundleId, reason: str) -> str | None:
+        """Stop serving ``bundle``."""
+        if bundle in self._served:
+            self._served.discard(bundle)
+            self._record("close", bundle, reason=reason)
+        return None
+
+    def stop_all(self, reason: str) -> None:
+        """Stop serving everything, one ``close`` event per bundle."""
         for bundle in sorted(self._served):
             self._record("close", bundle, reason=reason)
         if self._served:
             _log.info("stopped serving %d bundles: %s", len(self._served), reason)
         self._served.clear()
 
+    def load_report(self) -> lbd_pb2.LoadReport:
+        """The workload's sample of the bundles served."""
+        self._reports += 1
+        return load_report(self._workload.sample(self._served, self._reports))
+
+    def session_opened(self) -> None:
+        """Logged as ``session`` ``open``."""
+        self._record("session", None, detail="open")
+
+    def session_ended(self) -> None:
+        """Logged as ``session`` ``lost``."""
+        self._record("session", None, detail="lost")
+
+    def lease_granted(self, valid_until: float) -> None:
+        """Logged as ``lease`` with ``until_ns`` on the events' clock."""
+        self._record("lease", None, until_ns=str(round(valid_until * 1e9)))
+
     def _record(self, event: str, bundle: str | None, **detail: str) -> None:
         if self._events is not None:
             self._events.record(event, bundle, **detail)
-
-    async def _report_loop(self, outbox: asyncio.Queue[lbd_pb2.BrokerMessage | None]) -> None:
-        while True:
-            self._reports += 1
-            sample = self._workload.sample(self._served, self._reports)
-            outbox.put_nowait(lbd_pb2.BrokerMessage(load=load_report(sample)))
-            await asyncio.sleep(self._config.report_interval_s)
 
 
 def load_report(sample: BrokerSample) -> lbd_pb2.LoadReport:
@@ -328,14 +221,6 @@ def load_report(sample: BrokerSample) -> lbd_pb2.LoadReport:
 
 def _usage(u: ResourceUsage) -> lbd_pb2.ResourceUsage:
     return lbd_pb2.ResourceUsage(usage=u.usage, limit=u.limit)
-
-
-async def _drain(
-    outbox: asyncio.Queue[lbd_pb2.BrokerMessage | None],
-) -> AsyncIterator[lbd_pb2.BrokerMessage]:
-    """The request stream of a session: whatever is put in the outbox, in order, until None."""
-    while (message := await outbox.get()) is not None:
-        yield message
 
 
 async def run_sim_broker(config: SimBrokerConfig, workload: Workload, events: Path | None) -> None:

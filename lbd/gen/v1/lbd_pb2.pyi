@@ -82,18 +82,20 @@ class WatchOwnershipRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class OwnershipChange(_message.Message):
-    __slots__ = ("bundle", "state", "owner_broker_id", "source_broker_id", "version_id")
+    __slots__ = ("bundle", "state", "owner_broker_id", "source_broker_id", "version_id", "snapshot_done")
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OWNER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DONE_FIELD_NUMBER: _ClassVar[int]
     bundle: str
     state: BundleState
     owner_broker_id: str
     source_broker_id: str
     version_id: int
-    def __init__(self, bundle: _Optional[str] = ..., state: _Optional[_Union[BundleState, str]] = ..., owner_broker_id: _Optional[str] = ..., source_broker_id: _Optional[str] = ..., version_id: _Optional[int] = ...) -> None: ...
+    snapshot_done: bool
+    def __init__(self, bundle: _Optional[str] = ..., state: _Optional[_Union[BundleState, str]] = ..., owner_broker_id: _Optional[str] = ..., source_broker_id: _Optional[str] = ..., version_id: _Optional[int] = ..., snapshot_done: _Optional[bool] = ...) -> None: ...
 
 class TopicStats(_message.Message):
     __slots__ = ("topic", "msg_rate", "msg_throughput")

@@ -279,6 +279,11 @@ async def test_watch_ownership_sends_the_current_state_then_changes(
         lbd_pb2.BUNDLE_STATE_OWNED,
         "broker-a",
     )
+    initial_bundles = [initial.bundle]
+    while not (message := await asyncio.wait_for(stream.read(), 5)).snapshot_done:
+        initial_bundles.append(message.bundle)
+    assert initial_bundles == [first]
+    assert not message.bundle
     other = await owned_bundle(api, "persistent://public/default/another-topic-7")
     seen: list[tuple[str, int]] = []
     async with asyncio.timeout(5):

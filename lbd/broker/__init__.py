@@ -1,0 +1,22 @@
+"""The broker side of the broker contract (docs/broker-contract.md), as a library to copy.
+
+- :class:`BrokerClient` holds the ``BrokerSession``: Hello, the serving lease, the commands
+  (carried out by the broker's :class:`BrokerHandler`, acked by the client), load reports, and
+  stopping everything when the session ends or the lease runs out.
+- :class:`OwnershipCache` answers "who owns this bundle" from memory, fed by ``WatchOwnership``.
+
+It uses the core, the generated gRPC code and grpc, nothing of the sidecar; the simulated broker
+(:mod:`lbd.sim.broker`) runs on it.
+"""
+
+from lbd.broker.client import BrokerClient, BrokerHandler, NewOwner
+from lbd.broker.ownership import Ownership, OwnershipCache, StaleOwnershipError
+
+__all__ = [
+    "BrokerClient",
+    "BrokerHandler",
+    "NewOwner",
+    "Ownership",
+    "OwnershipCache",
+    "StaleOwnershipError",
+]
