@@ -42,6 +42,14 @@ TOMBSTONE_STATE: Final = "Tombstone"
 CLEANUP_KINDS: Final = ("orphan", "inflight", "tombstone")
 """``kind`` label of the leader monitor's cleanup operations."""
 
+UNDECODABLE: Final = "undecodable"
+"""``kind`` label of a request whose bytes are not a message of the method's type."""
+INVALID_ARGUMENT: Final = "invalid_argument"
+"""``kind`` label of a request refused as invalid (a bad topic name, a bad broker message...)."""
+CANCELLED: Final = "cancelled"
+"""``kind`` label of a call its client cancelled or dropped before the end (not by a deadline,
+not by the server stopping)."""
+
 RESOURCE_FEATURES: Final = (
     "max_ema",
     "max",
@@ -194,6 +202,17 @@ class Metrics:
         self.is_leader = Gauge(
             "lbd_is_leader",
             "1 while this sidecar runs the leader duties, else 0.",
+            registry=r,
+        )
+
+        # -- the gRPC API -----------------------------------------------------------------------
+        self.grpc_client_errors = Counter(
+            "lbd_grpc_client_errors",
+            "Calls of lbd's services that failed by the client's doing, by method "
+            "(lbd.v1.Service/Method) and kind (undecodable: the request is not the method's "
+            "message; invalid_argument: a request refused as invalid; cancelled: the client "
+            "cancelled or dropped the call).",
+            ["method", "kind"],
             registry=r,
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import grpc
@@ -61,7 +61,7 @@ class _Refusal(CallWrapper):
 
     async def stream(
         self, method: str, context: grpc.aio.ServicerContext, call: StreamCall
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         await context.abort(self._code, self._message)
         yield  # never reached: abort raises; this makes the method an async generator
 

@@ -3,14 +3,20 @@
 The services raise :class:`~lbd.core.errors.LbdError` subclasses whose messages are written for
 the operator; the interceptor turns them into status codes and passes the message on. Anything
 else is a bug: the client gets INTERNAL and a pointer to the log, the log gets the traceback,
-and no Python traceback ever reaches the client. A request that does not decode is the client's
-error: INVALID_ARGUMENT naming the message type, logged at debug level only.
+and no Python traceback ever reaches the client.
+
+What a client does wrong is its own business, never the log's: a request that does not decode
+(INVALID_ARGUMENT naming the message type), any other invalid argument, and a call the client
+cancels are logged at debug level only and counted in ``lbd_grpc_client_errors_total``, so that a
+client cancelling a thousand streams at once shows as a number, not a thousand tracebacks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
@@ -19,6 +25,7 @@ from lbd.api.handlers import (
     Call,
     CallWrapper,
     StreamCall,
+    UndecodableRequestError,
     WrappingInterceptor,
 )
 from lbd.core.errors import (
@@ -28,6 +35,7 @@ from lbd.core.errors import (
     NotFoundError,
     PreconditionError,
 )
+from lbd.metrics import CANCELLED, INVALID_ARGUMENT, UNDECODABLE, Metrics
 from lbd.ports.errors import UnavailableError
 
 _log = logging.getLogger(__name__)
@@ -51,46 +59,84 @@ def status_of(error: LbdError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort_for(method: str, context: grpc.aio.ServicerContext, error: Exception) -> None:
-    """Abort the call as ``error`` deserves; always raises."""
-    if isinstance(error, grpc.aio.AioRpcError):
-        # A call this sidecar forwarded failed: pass the other sidecar's answer on as it is.
-        _log.debug("%s: forwarded call failed: %s %s", method, error.code().name, error.details())
-        await context.abort(error.code(), error.details() or "")
-    if isinstance(error, LbdError):
-        code = status_of(error)
-        if code is grpc.StatusCode.INTERNAL:
-            _log.error("%s failed: %s", method, error, exc_info=error)
-        else:
-            _log.debug("%s: %s: %s", method, code.name, error)
-        await context.abort(code, str(error))
-    _log.error("%s failed with an unexpected error", method, exc_info=error)
-    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-
-
 class _ErrorMapping(CallWrapper):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self.stopping = False  # set once, when the server starts to stop
+
     async def unary(self, method: str, context: grpc.aio.ServicerContext, call: Call) -> Any:
         try:
             return await call()
         except grpc.aio.AbortError:
             raise  # the servicer chose its status itself
+        except asyncio.CancelledError:
+            self._cancelled(method, context)
+            raise
         except Exception as e:
-            await _abort_for(method, context, e)
+            await self._abort_for(method, context, e)
 
     async def stream(
         self, method: str, context: grpc.aio.ServicerContext, call: StreamCall
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         try:
-            async for response in call():
-                yield response
+            async with contextlib.aclosing(call()) as responses:
+                async for response in responses:
+                    yield response
         except grpc.aio.AbortError:
             raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # GeneratorExit: grpc dropped the stream at a yield, its call cancelled mid-send.
+            self._cancelled(method, context)
+            raise
         except Exception as e:
-            await _abort_for(method, context, e)
+            await self._abort_for(method, context, e)
+
+    def _cancelled(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        if self.stopping:
+            return  # the server cancels its calls: nothing the client did
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            _log.debug("%s: the client's deadline passed", method)
+            return
+        _log.debug("%s: cancelled by the client", method)
+        self._count(method, CANCELLED)
+
+    def _count(self, method: str, kind: str) -> None:
+        self._metrics.grpc_client_errors.labels(method=method.lstrip("/"), kind=kind).inc()
+
+    async def _abort_for(
+        self, method: str, context: grpc.aio.ServicerContext, error: Exception
+    ) -> None:
+        """Abort the call as ``error`` deserves; always raises."""
+        if isinstance(error, grpc.aio.AioRpcError):
+            # A call this sidecar forwarded failed: pass the other sidecar's answer on as it is.
+            _log.debug(
+                "%s: forwarded call failed: %s %s", method, error.code().name, error.details()
+            )
+            await context.abort(error.code(), error.details() or "")
+        if isinstance(error, LbdError):
+            code = status_of(error)
+            if code is grpc.StatusCode.INTERNAL:
+                _log.error("%s failed: %s", method, error, exc_info=error)
+            else:
+                _log.debug("%s: %s: %s", method, code.name, error)
+            if isinstance(error, UndecodableRequestError):
+                self._count(method, UNDECODABLE)
+            elif code is grpc.StatusCode.INVALID_ARGUMENT:
+                self._count(method, INVALID_ARGUMENT)
+            await context.abort(code, str(error))
+        _log.error("%s failed with an unexpected error", method, exc_info=error)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
 class ErrorInterceptor(WrappingInterceptor):
-    """Maps exceptions escaping lbd's servicers to status codes with their message."""
+    """Maps exceptions escaping lbd's servicers to status codes with their message, and counts
+    the calls that failed by the client's doing in ``metrics``."""
 
-    def __init__(self) -> None:
-        super().__init__(_ErrorMapping(), checks_requests=True)
+    def __init__(self, metrics: Metrics) -> None:
+        self._mapping = _ErrorMapping(metrics)
+        super().__init__(self._mapping, checks_requests=True)
+
+    def stopping(self) -> None:
+        """From now on calls are cancelled by the server stopping, not by their clients."""
+        self._mapping.stopping = True

@@ -4,13 +4,20 @@ A grpc.aio interceptor sees a handler, not the call; to act around the call it r
 handler whose behaviour wraps the old one. :class:`CallWrapper` says what to do around a call
 that returns one response and around one that streams them; :func:`wrap_handler` builds the new
 handler for any of the four RPC shapes.
+
+A streaming call that the client cancels while grpc sends a response leaves its generators
+suspended at a ``yield``: grpc drops them and the event loop closes them later, in a task of its
+own. Each layer therefore closes the stream it wraps when it is closed itself (the whole chain in
+that one task) and holds nothing across a ``yield`` that must be released in the task that took
+it, such as a current tracing context.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +28,7 @@ from lbd.core.errors import InvalidInputError
 
 Call = Callable[[], Awaitable[Any]]
 """Runs the wrapped unary-response behaviour and returns its response."""
-StreamCall = Callable[[], AsyncIterator[Any]]
+StreamCall = Callable[[], AsyncGenerator[Any, None]]
 """Runs the wrapped streaming-response behaviour and iterates its responses."""
 
 LBD_SERVICE_PREFIX = "/lbd.v1."
@@ -43,7 +50,7 @@ class CallWrapper(abc.ABC):
     @abc.abstractmethod
     def stream(
         self, method: str, context: grpc.aio.ServicerContext, call: StreamCall
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Around a call streaming its responses; yield them."""
 
 
@@ -58,8 +65,7 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self, wrapper: CallWrapper | None = None, *, checks_requests: bool = False
     ) -> None:
         """With ``checks_requests``, a request that does not decode reaches the wrapper as an
-        :class:`~lbd.core.errors.InvalidInputError` raised by the call (see
-        :func:`wrap_handler`)."""
+        :class:`UndecodableRequestError` raised by the call (see :func:`wrap_handler`)."""
         self._wrapper = wrapper
         self._checks_requests = checks_requests
 
@@ -87,11 +93,15 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
+class UndecodableRequestError(InvalidInputError):
+    """The request's bytes are not a message of the method's type: the client's mistake."""
+
+
 @dataclass(frozen=True, slots=True)
 class Undecodable:
     """A request message that did not decode, in place of the message."""
 
-    error: InvalidInputError
+    error: UndecodableRequestError
 
 
 def wrap_handler(
@@ -105,7 +115,7 @@ def wrap_handler(
 
     With ``checks_requests`` the request deserializer no longer fails the call on bytes that are
     not a message of the method's type (grpc would answer UNKNOWN with a Python class name): the
-    call itself raises :class:`InvalidInputError` saying so, inside ``wrapper``; a streaming
+    call itself raises :class:`UndecodableRequestError` saying so, inside ``wrapper``; a streaming
     request raises it when the bad message is read.
     """
     deserialize = handler.request_deserializer
@@ -126,8 +136,9 @@ def wrap_handler(
         # grpc.aio tells streaming behaviours by their being async generator functions.
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = wrapper.stream(method, context, lambda: _responses(inner(request, context)))
-            async for response in call:
-                yield response
+            async with contextlib.aclosing(call):
+                async for response in call:
+                    yield response
 
         behaviour: Callable[..., Any] = streaming
     else:
@@ -152,7 +163,7 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         except DecodeError as e:
             name = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
             what = name.full_name if name is not None else "message"
-            return Undecodable(InvalidInputError(f"the request is not a valid {what}: {e}"))
+            return Undecodable(UndecodableRequestError(f"the request is not a valid {what}: {e}"))
 
     return decode
 
@@ -182,11 +193,12 @@ async def _decoded(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield request
 
 
-async def _responses(result: Any) -> AsyncIterator[Any]:
+async def _responses(result: Any) -> AsyncGenerator[Any, None]:
     """The responses of a streaming behaviour, whether it is an async generator or a coroutine
     that writes them with ``context.write`` (then there is nothing to yield)."""
     if inspect.isawaitable(result):
         await result
         return
-    async for response in result:
-        yield response
+    async with contextlib.aclosing(result):
+        async for response in result:
+            yield response

@@ -23,6 +23,7 @@ from lbd.api.loadbalancer import LoadBalancerServicer
 from lbd.api.tracing import TracingInterceptor
 from lbd.core.errors import InvalidInputError
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.metrics import Metrics
 from lbd.services.graph import Sidecar
 from lbd.services.sidecar.fencing import Fence
 
@@ -62,6 +63,7 @@ def sidecar_api(
                 forwarder=forwarder,
             )
         ),
+        metrics=sidecar.metrics,
         admin_token=admin_token,
         tracer_provider=tracer_provider,
     )
@@ -76,6 +78,7 @@ class ApiServer:
         *,
         loadbalancer: LoadBalancerServicer,
         admin: AdminServicer,
+        metrics: Metrics,
         admin_token: str | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
@@ -83,7 +86,8 @@ class ApiServer:
         interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
         if admin_token:
             interceptors.append(AdminAuthInterceptor(admin_token))
-        interceptors.append(ErrorInterceptor())
+        self._errors = ErrorInterceptor(metrics)
+        interceptors.append(self._errors)
         self._server = grpc.aio.server(interceptors=interceptors)
         lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, self._server)
         lbd_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
@@ -144,6 +148,7 @@ class ApiServer:
         if self._stopped:
             return
         self._stopped = True
+        self._errors.stopping()
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace_s)
         _log.info("gRPC server stopped")

@@ -9,8 +9,9 @@ provider. The interceptor continues the caller's trace when the call carries a `
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -76,38 +77,73 @@ class _Spans(CallWrapper):
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    @contextlib.contextmanager
-    def _span(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[trace.Span]:
+    def _start(self, method: str, context: grpc.aio.ServicerContext) -> trace.Span:
         name = method.lstrip("/")
         service, _, rpc = name.partition("/")
-        with self._tracer.start_as_current_span(
+        return self._tracer.start_span(
             name,
             context=_incoming_context(context.invocation_metadata()),
             kind=trace.SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-            except BaseException:
-                _record_status(span, context.code() or grpc.StatusCode.UNKNOWN)
-                raise
-            _record_status(span, grpc.StatusCode.OK)
+        )
 
     async def unary(self, method: str, context: grpc.aio.ServicerContext, call: Call) -> Any:
-        with self._span(method, context):
-            return await call()
+        span = self._start(method, context)
+        try:
+            with _current(span):
+                response = await call()
+        except BaseException as e:
+            _record_status(span, _failure_code(context, e))
+            raise
+        else:
+            _record_status(span, grpc.StatusCode.OK)
+            return response
+        finally:
+            span.end()
 
     async def stream(
         self, method: str, context: grpc.aio.ServicerContext, call: StreamCall
-    ) -> AsyncIterator[Any]:
-        with self._span(method, context) as span:
-            count = 0
-            async for response in call():
-                count += 1
-                yield response
+    ) -> AsyncGenerator[Any, None]:
+        # The span is current while the handler makes each response, never across a yield: a
+        # stream the client cancels mid-send is closed later in another task, where a context
+        # attached in this one cannot be detached (opentelemetry logs a traceback for each).
+        span = self._start(method, context)
+        count = 0
+        try:
+            async with contextlib.aclosing(call()) as responses:
+                while True:
+                    with _current(span):
+                        try:
+                            response = await anext(responses)
+                        except StopAsyncIteration:
+                            break
+                    count += 1
+                    yield response
+        except BaseException as e:
+            _record_status(span, _failure_code(context, e))
+            raise
+        else:
+            _record_status(span, grpc.StatusCode.OK)
+        finally:
             span.set_attribute("lbd.responses", count)
+            span.end()
+
+
+def _current(span: trace.Span) -> contextlib.AbstractContextManager[trace.Span]:
+    """``span`` made current (attached and detached in the one task) and left open."""
+    return trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    )
+
+
+def _failure_code(context: grpc.aio.ServicerContext, error: BaseException) -> grpc.StatusCode:
+    code: grpc.StatusCode | None = context.code()
+    if code is not None:
+        return code
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+        # Cancelled (by the client, its deadline or the server stopping) or dropped mid-send.
+        return grpc.StatusCode.CANCELLED
+    return grpc.StatusCode.UNKNOWN
 
 
 def _record_status(span: trace.Span, code: grpc.StatusCode) -> None:
