@@ -3,7 +3,8 @@
 Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates on a
 pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
 pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
-kill -9, on a dev cluster it starts itself).
+kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and pulsar-lite killed
+and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bench import channel_bench, core, sidecar_bench, startup_bench
+from bench import channel_bench, core, outage_bench, sidecar_bench, startup_bench
 from bench.report import measurements_table
 
-SUITES = ("core", "channel", "startup", "sidecar")
+SUITES = ("core", "channel", "startup", "sidecar", "outages")
 
 
 def main() -> None:
@@ -50,6 +51,11 @@ def main() -> None:
         with console.status(f"sidecar: a dev cluster, {lookups:,} lookups, kill -9..."):
             result = sidecar_bench.run(bundles=32 if args.quick else 128, lookups=lookups)
         console.print(measurements_table("sidecar on a 3-broker dev cluster", result))
+    if "outages" in suites:
+        etcd_s, pulsar_s = (10.0, 10.0) if args.quick else (60.0, 20.0)
+        with console.status(f"outages: etcd {etcd_s:g} s (twice), pulsar-lite {pulsar_s:g} s..."):
+            reports = outage_bench.run(etcd_outage_s=etcd_s, pulsar_outage_s=pulsar_s)
+        console.print(outage_bench.reports_table(reports))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ _MAX_PENDING_SENDS: Final = 1000
 _WATCH_INTERVAL_S: Final = 0.1
 """How often a waiting follower checks that its reader is still connected."""
 _RETRY_MIN_S: Final = 0.1
-_RETRY_MAX_S: Final = 2.0
+_RETRY_MAX_S: Final = 0.5
+"""Readers are replaced at most this long apart while Pulsar is away: the follower (and with it
+lookups that need an assignment) is back within half a second of Pulsar's return."""
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,6 +107,7 @@ class PulsarChannelLog:
         self._send_slots = asyncio.Semaphore(_MAX_PENDING_SENDS)
         self._readers: set[Any] = set()
         self._inflight: set[asyncio.Future[Any]] = set()
+        self._closing: set[asyncio.Future[None]] = set()
         self._closed = asyncio.Event()
 
     @property
@@ -125,8 +128,21 @@ class PulsarChannelLog:
             try:
                 message_id = await self._cancel_on_close(producer.send(value, partition_key=key))
             except PULSAR_ERRORS as e:
+                await self._drop_producer(producer)
                 raise unavailable(f"publishing {key} to {self._topic}", e) from e
         return to_position(message_id)
+
+    async def _drop_producer(self, producer: Any) -> None:
+        """Forget a producer whose send failed: the client would retry its connection with a
+        backoff that grows to a minute, so the next publish makes a new one at once."""
+        async with self._producer_lock:
+            if self._producer is not producer:
+                return
+            self._producer = None
+        # Closing waits for the broker, which may be gone: in the background, reaped at close.
+        closing = asyncio.ensure_future(close_quietly(producer, f"the producer of {self._topic}"))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     async def _get_producer(self) -> Any:
         async with self._producer_lock:
@@ -331,3 +347,5 @@ class PulsarChannelLog:
             await close_quietly(reader, f"a reader of {self._topic}")
         if producer is not None:
             await close_quietly(producer, f"the producer of {self._topic}")
+        for closing in list(self._closing):
+            await closing

@@ -142,7 +142,7 @@ class ManagedServer(abc.ABC):
             raise ServerError(f"{self.name} at {self.endpoint} is closed and cannot start again")
         if self.is_running:
             return
-        command = [*_die_with_parent_prefix(), *self._command()]
+        command = [*die_with_parent_prefix(), *self._command()]
         with self.log_path.open("ab") as log:
             log.write(f"--- lbd: starting {' '.join(command)}\n".encode())
             log.flush()
@@ -228,20 +228,9 @@ class ManagedServer(abc.ABC):
         self._wait_all_threads_stopped()
 
     def _wait_all_threads_stopped(self, timeout_s: float = 2.0) -> None:
-        tasks = Path(f"/proc/{self.pid}/task")
-        if not tasks.is_dir():
-            return  # not Linux: nothing to look at, the signal is all we have
-        deadline = time.monotonic() + timeout_s
-        states: list[str] = []
-        while time.monotonic() < deadline:
-            states = []
-            for stat in tasks.glob("*/stat"):
-                with contextlib.suppress(OSError):
-                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-            if states and all(state in ("T", "t") for state in states):
-                return
-            time.sleep(0.005)
-        raise ServerError(f"{self} did not stop after SIGSTOP: thread states {states}")
+        assert self.pid is not None
+        if not wait_stopped(self.pid, timeout_s):
+            raise ServerError(f"{self} did not stop after SIGSTOP")
 
     def thaw(self) -> None:
         """Resume a frozen process (SIGCONT); harmless if it runs already."""
@@ -510,7 +499,25 @@ def _check_binary(path: Path) -> Path:
     return path
 
 
-def _die_with_parent_prefix() -> list[str]:
+def wait_stopped(pid: int, timeout_s: float = 2.0) -> bool:
+    """Whether every thread of ``pid`` is stopped (SIGSTOP lands asynchronously) within
+    ``timeout_s``; True at once where /proc is not there to look at."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return True
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for stat in tasks.glob("*/stat"):
+            with contextlib.suppress(OSError):
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def die_with_parent_prefix() -> list[str]:
     """A command prefix that makes the child get SIGKILL when its parent dies (Linux only).
 
     util-linux's ``setpriv`` sets PR_SET_PDEATHSIG and then execs the server, which keeps it (and

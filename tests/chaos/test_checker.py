@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.chaos.checker import Interval, dual_serving, serving_intervals
+from lbd.devcluster.serving import Interval, dual_serving, serving_intervals
 
 MS = 1_000_000
 B = "public/demo/0x00000000_0x10000000"

@@ -18,8 +18,8 @@ import pytest
 
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
+from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.sim.workload import Workload, WorkloadSpec
-from tests.chaos.checker import dual_serving, serving_intervals
 from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]

@@ -16,6 +16,7 @@ import pytest
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.core.shedding import SkipReason
+from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.gen.v1 import lbd_pb2
 from lbd.sim.workload import Workload, WorkloadSpec
 from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
@@ -24,8 +25,18 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 NAMESPACE = "e2e/failover"
 BUNDLES = 12
-LEASE_TTL_S = 3.0
-CLEANUP_GRACE_S = 7.0
+LEASE_TTL_S = float(DEV_SETTINGS["etcd.lease_ttl_s"])
+CLEANUP_GRACE_S = float(DEV_SETTINGS["monitor.orphan_cleanup_grace_s"])
+HANDOVER_S = sum(
+    float(DEV_SETTINGS[key])
+    for key in (
+        "etcd.fence_after_s",
+        "broker.serving_lease_s",
+        "etcd.fence_margin_s",
+        "broker.own_ack_timeout_s",
+    )
+)
+"""The leader's hand-over wait after it announced the move (docs/safety.md)."""
 SLACK_S = 6.0
 
 
@@ -65,10 +76,11 @@ def test_the_bundles_of_a_killed_sidecar_and_broker_move_to_live_brokers(cluster
         now = cluster.owners(NAMESPACE, via=leader)
         return now if all(now.get(b) in survivors for b in orphans) else None
 
-    bound = LEASE_TTL_S + CLEANUP_GRACE_S + SLACK_S
+    bound = LEASE_TTL_S + CLEANUP_GRACE_S + HANDOVER_S + SLACK_S
     now = wait_for(f"orphans of {victim} owned again", moved, bound, interval_s=0.2)
     took = time.monotonic() - start
-    assert took >= CLEANUP_GRACE_S * 0.8, f"moved after {took:.1f}s: before the cleanup grace"
+    earliest = (CLEANUP_GRACE_S + HANDOVER_S) * 0.8
+    assert took >= earliest, f"moved after {took:.1f}s: before the grace and the hand-over"
     assert all(o in survivors for o in now.values())
     owned_by = {(e["bundle"], e["broker"]) for e in cluster.events() if e["event"] == "own"}
     assert all((b, now[b]) in owned_by for b in orphans), "a new owner's broker never got Own"

@@ -363,7 +363,7 @@ class BrokerLink:
                         _log.warning("broker %s said Hello twice; ignored", self._me)
         except InvalidInputError as e:
             # The broker's fault, not ours: its session ends with the reason, and no traceback.
-            _log.warning("broker %s sent an invalid message; ending its session: %s", self._me, e)
+            _log.info("broker %s sent an invalid message; ending its session: %s", self._me, e)
             session.error = e
         finally:
             session.end()

@@ -1,5 +1,8 @@
 """Who served what, when: the simulated brokers' event logs turned into serving intervals.
 
+The record that the chaos tests and the outage benchmark judge a run by (``tests/chaos``,
+``bench/outage_bench.py``).
+
 A broker serves a bundle from its ``own`` event until the earliest of: its ``release`` or
 ``close`` of the bundle, the end of its session (``session`` ``lost``), its death (the test's kill
 time), and the end of its serving lease. The lease is what bounds a broker that writes nothing
