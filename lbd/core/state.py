@@ -388,7 +388,8 @@ def resolve(
 
     ``highest_term`` is the highest leader term of any value applied so far (0 if none). In order:
 
-    1. a tombstone is always accepted (it carries no term to check);
+    1. a tombstone is accepted when the bundle has no server (:func:`server_of`: it is Init, Free
+       or Deleted), and rejected otherwise (it carries no term to check);
     2. a forced write whose ``leader_term`` is below ``highest_term`` is rejected: it comes from a
        deposed leader, and a forced write is exactly what must not slip through on a gapped
        version or onto an empty bundle, so this check precedes every version rule. A non-forced
@@ -404,10 +405,21 @@ def resolve(
     8. a value that rules 4 to 7 accept is still rejected if it makes another broker the server
        (:func:`server_of`) while one still is, unless it is the hand-over ``Releasing ->
        Assigning``: neither a gap (the reader missed messages) nor an override may let a broker
-       serve before the previous one released. A change to or from no server is not this rule's
-       business; the normal flows never trip it.
+       serve before the previous one released. Likewise a value that leaves the bundle with no
+       server is rejected unless it finishes a release (``Releasing -> Free``) or a split
+       (``Splitting -> Deleted``): a bundle the table calls free may be handed to anyone. The
+       normal flows never trip it.
     """
     if new is None:
+        served_by = server_of(cur)
+        if served_by is not None:
+            assert cur is not None
+            return Verdict(
+                False,
+                Rule.SERVER_CHANGE,
+                f"a tombstone would drop {cur.state.value} {served_by!r} while it may still serve "
+                "(only Free and Deleted values are tombstoned)",
+            )
         return Verdict(True, Rule.TOMBSTONE, "tombstone")
     if new.force and new.leader_term is not None and new.leader_term < highest_term:
         return Verdict(
@@ -461,8 +473,16 @@ def _judge(cur: ServiceUnitStateData | None, new: ServiceUnitStateData) -> Verdi
 def _server_change_problem(cur: ServiceUnitStateData, new: ServiceUnitStateData) -> str | None:
     """Rule 8 of :func:`resolve`: what is wrong with the change of server, or None if nothing."""
     was, will = server_of(cur), server_of(new)
-    if was is None or will is None or was == will:
+    if was is None or was == will:
         return None
+    if will is None:
+        # Dropping the server: only a finished release (Free) or split (Deleted) may.
+        if cur.state in (_S.Releasing, _S.Splitting):
+            return None
+        return (
+            f"{new.state.value} would drop {cur.state.value} {was!r} while it may still serve "
+            "(only a finished release or split leaves a bundle without a server)"
+        )
     if cur.state is _S.Releasing and new.state is _S.Assigning:
         return None
     return (

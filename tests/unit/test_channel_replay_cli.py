@@ -53,7 +53,13 @@ def test_output_has_every_field_and_skips_tombstones(
 ) -> None:
     log = _write(
         tmp_path / "log.jsonl",
-        [_line("t/n/x", OWNED_A), "", "   ", _line("t/n/y", OWNED_A), _line("t/n/y", None)],
+        [
+            _line("t/n/x", OWNED_A),
+            "",
+            "   ",
+            _line("t/n/y", {"state": "Free", "source_broker": "a", "version_id": 1}),
+            _line("t/n/y", None),
+        ],
     )
     assert main(["channel", "replay", str(log)]) == 0
     assert json.loads(capsys.readouterr().out) == {

@@ -109,6 +109,23 @@ def same_server(cur: ServiceUnitStateData | None) -> BrokerId:
     return server_of(cur) or C
 
 
+SERVERLESS = (S.Init, S.Free, S.Deleted)
+
+
+def drops_server(cur: ServiceUnitStateData | None, to: S) -> bool:
+    """Whether a value in state ``to`` would leave ``cur``'s server behind other than by
+    finishing a release or a split (the server rule refuses that)."""
+    return (
+        server_of(cur) is not None
+        and to in SERVERLESS
+        and state_of(cur) not in (S.Releasing, S.Splitting)
+    )
+
+
+KEEPING_PAIRS = [p for p in PAIRS if not drops_server(CURRENT[p[0]], p[1])]
+DROPPING_PAIRS = [p for p in PAIRS if drops_server(CURRENT[p[0]], p[1])]
+
+
 # --- the transition table ---------------------------------------------------------------------
 
 
@@ -145,7 +162,7 @@ def test_next_version_is_accepted_iff_the_transition_is_allowed(cur_name: str, t
         assert verdict.reason == f"{state_of(cur).value} -> {to.value} not allowed"
 
 
-@pytest.mark.parametrize(("cur_name", "to"), PAIRS)
+@pytest.mark.parametrize(("cur_name", "to"), KEEPING_PAIRS)
 def test_forced_next_version_that_keeps_the_server_is_always_accepted(cur_name: str, to: S) -> None:
     cur = CURRENT[cur_name]
     # Brokers that fail most broker checks: force skips them as well as the transition table.
@@ -156,7 +173,7 @@ def test_forced_next_version_that_keeps_the_server_is_always_accepted(cur_name: 
     assert verdict.rule is R.FORCED
 
 
-@pytest.mark.parametrize(("cur_name", "to"), [p for p in PAIRS if p[0] != "none"])
+@pytest.mark.parametrize(("cur_name", "to"), [p for p in KEEPING_PAIRS if p[0] != "none"])
 @pytest.mark.parametrize("step", [2, 3, 1000])
 def test_version_gap_that_keeps_the_server_is_accepted_without_checks(
     cur_name: str, to: S, step: int
@@ -284,8 +301,9 @@ def test_broker_checks(
         assert problem in verdict.reason
 
 
-SERVER_CHANGING_CASES = {"release wrong src", "split wrong src", "own other dst"}
-"""The broker cases whose new value names another server: force does not skip that rule."""
+SERVER_CHANGING_CASES = {"release wrong src", "split wrong src", "own other dst", "release no src"}
+"""The broker cases whose new value names another server, or none: force does not skip that
+rule."""
 
 
 @pytest.mark.parametrize(
@@ -305,12 +323,29 @@ def test_force_skips_broker_checks_but_not_the_server_rule(
 # --- tombstones and leader terms ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("cur_name", "to"), DROPPING_PAIRS)
+@pytest.mark.parametrize(("step", "force"), [(1, True), (2, False), (1000, True)])
+def test_a_value_leaving_a_served_bundle_without_a_server_is_rejected(
+    cur_name: str, to: S, step: int, force: bool
+) -> None:
+    cur = CURRENT[cur_name]
+    new = data(to, version_after(cur, step), src=server_of(cur), force=force)
+    verdict = resolve(cur, new, highest_term=0)
+    assert not verdict.accepted
+    assert verdict.rule is R.SERVER_CHANGE
+    assert "would drop" in verdict.reason
+
+
 @pytest.mark.parametrize("cur_name", list(CURRENT))
 @pytest.mark.parametrize("highest_term", [0, 9])
-def test_tombstone_is_always_accepted(cur_name: str, highest_term: int) -> None:
-    verdict = resolve(CURRENT[cur_name], None, highest_term=highest_term)
-    assert verdict.accepted
-    assert verdict.rule is R.TOMBSTONE
+def test_a_tombstone_is_accepted_only_where_nobody_serves(cur_name: str, highest_term: int) -> None:
+    cur = CURRENT[cur_name]
+    verdict = resolve(cur, None, highest_term=highest_term)
+    if server_of(cur) is None:
+        assert verdict.accepted and verdict.rule is R.TOMBSTONE
+    else:
+        assert not verdict.accepted and verdict.rule is R.SERVER_CHANGE
+        assert "tombstone" in verdict.reason
 
 
 def _forced(version: int, term: int | None) -> ServiceUnitStateData:
@@ -452,8 +487,6 @@ SERVER_KEPT_OR_HANDED_OVER = [
     # (case, cur, new, rule): accepted although forced or gapped.
     ("hand over to another dst, forced", RELEASING, data(S.Assigning, N, dst=C, src=A, force=True)),
     ("hand over by a gap", RELEASING, data(S.Assigning, GAP, dst=C)),
-    ("owned to free by a gap", OWNED_A, data(S.Free, GAP, src=A)),
-    ("owned to deleted forced", OWNED_A, data(S.Deleted, N, src=B, force=True)),
     ("free to owned by a gap", FREE, data(S.Owned, GAP, dst=B)),
     ("deleted to owned forced", data(S.Deleted, src=A), data(S.Owned, N, dst=B, force=True)),
     ("init value to owned", data(S.Init, src=A), data(S.Owned, N, dst=B)),

@@ -95,17 +95,25 @@ async def test_the_broker_serves_exactly_what_the_table_says_after_reattaching()
         assert a.broker.serving == set(BUNDLES[:2])
 
 
-async def test_a_served_bundle_the_table_takes_away_is_closed() -> None:
+async def test_no_value_takes_a_served_bundle_away_but_a_release() -> None:
     async with Harness() as h:
         a = await h.add("a", auto_ack=False, fake_broker=True)
         await h.ready()
         await a.proposer.propose(B0, S.Assigning, dst=a.me)
         await h.idle()
-        # A forced override frees it (no value may give it to another broker while a serves it).
+        owned = a.follower.get(B0)
+        # Neither a forced Free nor a tombstone may leave a served bundle with no server: the
+        # table would call it free while a still serves it.
         await a.proposer.propose(B0, S.Free, src=a.me, force=True, leader_term=1)
+        await a.proposer.tombstone(B0)
         await h.idle()
-        assert h.kinds(B0) == [("a", "own"), ("a", "close")]
-        assert a.broker.serving == set() and a.served() == frozenset()
+        assert a.follower.get(B0) == owned
+        assert a.broker.serving == {B0}
+        # A release is the way: a is told, acknowledges, and the bundle is Free.
+        await a.proposer.propose(B0, S.Releasing, src=a.me)
+        await h.idle()
+        assert h.kinds(B0) == [("a", "own"), ("a", "release")]
+        assert a.broker.serving == set() and a.follower.get(B0).state is S.Free
 
 
 async def test_the_broker_is_registered_only_while_attached() -> None:

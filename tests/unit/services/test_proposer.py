@@ -54,6 +54,9 @@ async def test_proposals_carry_the_next_version_and_the_clock(proposers) -> None
         (S.Assigning, 1, clock.now_ms()),
         (S.Owned, 2, clock.now_ms()),
     ]
+    # Only a bundle nobody serves may be tombstoned: released first.
+    assert await p.propose_and_wait(B, S.Releasing, src=A)
+    assert await p.propose_and_wait(B, S.Free, src=A)
     await p.tombstone(B)
     await p.follower.wait_applied(log.messages[-1].position)
     assert p.follower.get(B) is None
