@@ -103,6 +103,11 @@ FORGED: dict[str, Forge] = {
             leader_term=10**9,
         ),
     ),
+    "forced Free of a served bundle": lambda o: (
+        sorted(o)[2],
+        _value(state="Free", version_id=10**7, source_broker=o[sorted(o)[2]], force=True),
+    ),
+    "tombstone of a served bundle": lambda o: (sorted(o)[3], b""),
     "version gap giving the bundle to another broker": lambda o: (
         _first(o)[0],
         _value(state="Owned", version_id=10**7, dst_broker=_other(o, _first(o)[1])),
