@@ -21,7 +21,6 @@ it (:meth:`Respawned.stop`) after ``lbd dev down``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -37,7 +36,7 @@ import grpc
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.cluster import DevCluster, ProcessRecord
 from lbd.devcluster.servers import die_with_parent_prefix, wait_stopped
-from lbd.devcluster.serving import dual_serving, serving_intervals
+from lbd.devcluster.serving import dual_serving, read_events, serving_intervals
 from lbd.gen.v1 import lbd_pb2
 
 Target = Literal["etcd", "pulsar"]
@@ -224,7 +223,7 @@ class OutageRun:
         time.sleep(self._settle_s)
         after = self._owners(witness)
         live = {b.info.broker_id for b in witness.brokers().brokers}
-        events = self._events()
+        events = read_events(self._cluster)
         # An interval still open is cut at its broker's last lease end, which lies ahead of
         # now: only an end before now is a bundle that stopped being served.
         read_ns = time.monotonic_ns()
@@ -300,11 +299,3 @@ class OutageRun:
             for b in client.bundles(self._namespace).bundles
             if b.state == lbd_pb2.BUNDLE_STATE_OWNED
         }
-
-    def _events(self) -> list[dict[str, object]]:
-        out: list[dict[str, object]] = []
-        for node in self._cluster.nodes:
-            path = Path(node.events_file)
-            if path.exists():
-                out.extend(json.loads(line) for line in path.read_text().splitlines() if line)
-        return out

@@ -15,8 +15,12 @@ short; :func:`serving_without_ownership` is for a table to compare with.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+from lbd.devcluster.cluster import DevCluster
 
 Event = Mapping[str, object]
 
@@ -32,6 +36,16 @@ class Interval:
     start: int
     end: int
     broker: str
+
+
+def read_events(cluster: DevCluster) -> list[dict[str, object]]:
+    """Every simulated broker's events as logged so far, in time order."""
+    out: list[dict[str, object]] = []
+    for node in cluster.nodes:
+        path = Path(node.events_file)
+        if path.exists():
+            out.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+    return sorted(out, key=lambda e: int(str(e["t_ns"])))
 
 
 def _lease_windows(events: list[Event]) -> list[tuple[int, int]]:

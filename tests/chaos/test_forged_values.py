@@ -18,31 +18,23 @@ import grpc
 import pulsar
 import pytest
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.names import NamespaceName
 from lbd.core.state import MAX_VALUE_BYTES
-from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.sim.workload import Workload, WorkloadSpec
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster, wait_for
+from tests.e2e.conftest import (
+    ORPHAN_BOUND_S,
+    Cluster,
+    own_topics,
+    start_cluster,
+    stop_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
 
 NAMESPACE = "chaos/forged"
 BUNDLES = 8
 CHANNEL = "persistent://pulsar/system/loadbalancer-service-unit-state"
-ORPHAN_BOUND_S = sum(
-    float(DEV_SETTINGS[key])
-    for key in (
-        "etcd.lease_ttl_s",
-        "monitor.orphan_cleanup_grace_s",
-        "etcd.fence_after_s",
-        "broker.serving_lease_s",
-        "etcd.fence_margin_s",
-        "broker.own_ack_timeout_s",
-    )
-)
 SLACK_S = 15.0
 
 Forge = Callable[[dict[str, str]], tuple[str, bytes]]
@@ -119,11 +111,7 @@ FORGED: dict[str, Forge] = {
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     running = start_cluster(tmp_path_factory.mktemp("forged"), 3, "shedding.interval_s=3600")
     try:
-        running.client().create_namespace(NAMESPACE, BUNDLES)
-        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES)
-        topics = Workload(WorkloadSpec(topics_per_bundle=1))
-        for i, bundle in enumerate(layout.bundles()):
-            running.client(running.broker_ids[i % 3]).lookup(topics.topics(bundle.id)[0])
+        own_topics(running, NAMESPACE, BUNDLES)
         yield running
     finally:
         stop_cluster(running)

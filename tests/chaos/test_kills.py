@@ -15,33 +15,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
-from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2
-from lbd.sim.workload import Workload, WorkloadSpec
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster, wait_for
+from tests.e2e.conftest import (
+    ORPHAN_BOUND_S,
+    Cluster,
+    own_topics,
+    start_cluster,
+    stop_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
 
 NAMESPACE = "chaos/kills"
 BUNDLES = 24
 TRANSFERS = 20
-ORPHAN_BOUND_S = sum(
-    float(DEV_SETTINGS[key])
-    for key in (
-        "etcd.lease_ttl_s",
-        "monitor.orphan_cleanup_grace_s",
-        "etcd.fence_after_s",
-        "broker.serving_lease_s",
-        "etcd.fence_margin_s",
-        "broker.own_ack_timeout_s",
-    )
-)
-"""A dead broker's bundles are Owned again within its lease, the grace and the hand-over wait
-(plus sweeps: see SLACK_S)."""
 SLACK_S = 15.0
 
 
@@ -49,12 +39,7 @@ SLACK_S = 15.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     running = start_cluster(tmp_path_factory.mktemp("kills"), 4, "shedding.interval_s=3600")
     try:
-        running.client().create_namespace(NAMESPACE, BUNDLES)
-        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES)
-        topics = Workload(WorkloadSpec(topics_per_bundle=1))
-        for i, bundle in enumerate(layout.bundles()):
-            broker = running.broker_ids[i % len(running.broker_ids)]
-            running.client(broker).lookup(topics.topics(bundle.id)[0])
+        own_topics(running, NAMESPACE, BUNDLES)
         yield running
     finally:
         stop_cluster(running)

@@ -9,17 +9,13 @@ lookups keep answering from the table and a lookup that needs an assignment fail
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.names import NamespaceName
 from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
-from lbd.sim.workload import Workload, WorkloadSpec
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster
+from tests.e2e.conftest import Cluster, own_topics, start_cluster, stop_cluster
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(420)]
 
@@ -47,13 +43,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     respawned: list[Respawned] = []
     run: OutageRun | None = None
     try:
-        running.client().create_namespace(NAMESPACE, BUNDLES)
-        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES).bundles()
-        topics = Workload(WorkloadSpec(topics_per_bundle=1))
-        owned = [topics.topics(b.id)[0] for b in layout[:OWNED]]
-        for i, topic in enumerate(owned):
-            running.client(running.broker_ids[i % 3]).lookup(topic)
-        fresh = (topics.topics(b.id)[0] for b in itertools.islice(layout, OWNED, None))
+        topics = own_topics(running, NAMESPACE, BUNDLES, owned=OWNED)
+        owned, fresh = topics[:OWNED], iter(topics[OWNED:])
         run = OutageRun(
             running.record,
             NAMESPACE,

@@ -16,11 +16,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.names import NamespaceName
 from lbd.devcluster.serving import dual_serving, serving_intervals
-from lbd.sim.workload import Workload, WorkloadSpec
-from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
+from tests.e2e.conftest import (
+    Cluster,
+    own_topics,
+    serving_overlaps,
+    start_cluster,
+    stop_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]
 
@@ -36,11 +40,7 @@ SETTLE_S = 20.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     running = start_cluster(tmp_path_factory.mktemp("pauses"), 3, "shedding.interval_s=3600")
     try:
-        running.client().create_namespace(NAMESPACE, BUNDLES)
-        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES)
-        topics = Workload(WorkloadSpec(topics_per_bundle=1))
-        for i, bundle in enumerate(layout.bundles()):
-            running.client(running.broker_ids[i % 3]).lookup(topics.topics(bundle.id)[0])
+        own_topics(running, NAMESPACE, BUNDLES)
         yield running
     finally:
         stop_cluster(running)

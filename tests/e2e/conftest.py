@@ -8,7 +8,6 @@ serves: at no instant do two brokers serve the same bundle.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -21,9 +20,13 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
-from lbd.devcluster.cluster import DevCluster, load_cluster
+from lbd.devcluster.cluster import DEV_SETTINGS, DevCluster, load_cluster
+from lbd.devcluster.serving import read_events
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.sim.workload import Workload, WorkloadSpec
 
 UP_TIMEOUT_S = 120
 _T = TypeVar("_T")
@@ -82,12 +85,7 @@ class Cluster:
 
     def events(self) -> list[dict[str, object]]:
         """Every broker's events, in time order."""
-        out: list[dict[str, object]] = []
-        for node in self.record.nodes:
-            path = Path(node.events_file)
-            if path.exists():
-                out.extend(json.loads(line) for line in path.read_text().splitlines() if line)
-        return sorted(out, key=lambda e: int(e["t_ns"]))  # type: ignore[call-overload]
+        return read_events(self.record)
 
     def owners(self, namespace: str = "", via: str | None = None) -> dict[str, str]:
         """Bundle -> owner of every Owned bundle, as one sidecar sees it."""
@@ -153,6 +151,38 @@ def start_cluster(state_dir: Path, brokers: int = 3, *settings: str) -> Cluster:
         lbd("dev", "down", "--state-dir", str(state_dir))
         pytest.fail(f"lbd dev up failed:\n{started.stdout}\n{started.stderr}")
     return Cluster(load_cluster(state_dir), state_dir)
+
+
+def dev_seconds(*keys: str) -> float:
+    """The sum of dev cluster settings (seconds) named by their dotted keys."""
+    return sum(float(DEV_SETTINGS[key]) for key in keys)
+
+
+HANDOVER_S = dev_seconds(
+    "etcd.fence_after_s",
+    "broker.serving_lease_s",
+    "etcd.fence_margin_s",
+    "broker.own_ack_timeout_s",
+)
+"""The leader's hand-over wait after it announced a move off a gone broker (docs/safety.md)."""
+ORPHAN_BOUND_S = dev_seconds("etcd.lease_ttl_s", "monitor.orphan_cleanup_grace_s") + HANDOVER_S
+"""A dead broker's bundles are Owned again this long after it died, plus a few sweeps."""
+
+
+def own_topics(
+    cluster: Cluster, namespace: str, bundles: int, owned: int | None = None
+) -> list[str]:
+    """Create ``namespace`` with ``bundles`` bundles and look up one topic of each of the first
+    ``owned`` (all when None), spread over the sidecars; one topic of every bundle, in layout
+    order."""
+    cluster.client().create_namespace(namespace, bundles)
+    layout = NamespaceBundles.default(NamespaceName.parse(namespace), bundles).bundles()
+    workload = Workload(WorkloadSpec(topics_per_bundle=1))
+    topics = [workload.topics(b.id)[0] for b in layout]
+    ids = cluster.broker_ids
+    for i, topic in enumerate(topics[: bundles if owned is None else owned]):
+        cluster.client(ids[i % len(ids)]).lookup(topic)
+    return topics
 
 
 def stop_cluster(cluster: Cluster) -> None:

@@ -13,30 +13,25 @@ from collections.abc import Iterator
 
 import pytest
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.names import NamespaceName
 from lbd.core.shedding import SkipReason
-from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.gen.v1 import lbd_pb2
-from lbd.sim.workload import Workload, WorkloadSpec
-from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
+from tests.e2e.conftest import (
+    HANDOVER_S,
+    Cluster,
+    dev_seconds,
+    own_topics,
+    serving_overlaps,
+    start_cluster,
+    stop_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 NAMESPACE = "e2e/failover"
 BUNDLES = 12
-LEASE_TTL_S = float(DEV_SETTINGS["etcd.lease_ttl_s"])
-CLEANUP_GRACE_S = float(DEV_SETTINGS["monitor.orphan_cleanup_grace_s"])
-HANDOVER_S = sum(
-    float(DEV_SETTINGS[key])
-    for key in (
-        "etcd.fence_after_s",
-        "broker.serving_lease_s",
-        "etcd.fence_margin_s",
-        "broker.own_ack_timeout_s",
-    )
-)
-"""The leader's hand-over wait after it announced the move (docs/safety.md)."""
+LEASE_TTL_S = dev_seconds("etcd.lease_ttl_s")
+CLEANUP_GRACE_S = dev_seconds("monitor.orphan_cleanup_grace_s")
 SLACK_S = 6.0
 
 
@@ -44,12 +39,7 @@ SLACK_S = 6.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     running = start_cluster(tmp_path_factory.mktemp("failover"))
     try:
-        client = running.client()
-        client.create_namespace(NAMESPACE, BUNDLES)
-        layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), BUNDLES)
-        topics = Workload(WorkloadSpec(topics_per_bundle=1))
-        for i, bundle in enumerate(layout.bundles()):
-            running.client(running.broker_ids[i % 3]).lookup(topics.topics(bundle.id)[0])
+        own_topics(running, NAMESPACE, BUNDLES)
         yield running
     finally:
         stop_cluster(running)
