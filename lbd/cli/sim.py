@@ -14,13 +14,14 @@ import logging
 import signal
 from pathlib import Path
 
+from lbd.cli import sim_check
 from lbd.core.errors import InvalidInputError
 from lbd.sim.broker import SimBrokerConfig, run_sim_broker
 from lbd.sim.workload import Workload, WorkloadSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``lbd sim broker``."""
+    """Add ``lbd sim broker`` and ``lbd sim check``."""
     group = sub.add_parser("sim", help="simulated parts of a cluster", description=__doc__)
     verbs = group.add_subparsers(dest="sim_command", metavar="VERB", required=True)
     p = verbs.add_parser(
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.set_defaults(func=run)
+    sim_check.register(verbs)
 
 
 def run(args: argparse.Namespace) -> int:

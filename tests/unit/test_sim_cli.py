@@ -27,3 +27,42 @@ def test_bad_arguments_are_one_line_errors(
     err = capsys.readouterr().err
     assert err.startswith("lbd: error: ") and message in err
     assert "Traceback" not in err
+
+
+def test_sim_check_runs_seeds_and_says_how_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "check", "--seeds", "2", "--jobs", "1", "--virtual-s", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "2 seeds, 0 failed" in out and "seeds/s" in out
+
+
+def test_sim_check_prints_a_failing_seed_shrunk_with_its_replay(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--seed", "3", "--lease-off", "--faults", "pause-sidecar", "--virtual-s", "300"]
+    assert main(["sim", "check", *args]) == 1
+    out = capsys.readouterr().out
+    assert "seed 3: FAILED" in out and "serves it" in out
+    replay = next(line for line in out.splitlines() if "replay:" in line).split("replay: ")[1]
+    shrunk = next(line for line in out.splitlines() if "still fails with" in line)
+    assert int(shrunk.split("still fails with ")[1].split()[0]) < int(out.split(", ")[1].split()[0])
+    # The printed replay runs exactly those faults, and fails again.
+    capsys.readouterr()
+    assert main(replay.split()[1:]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "2", "--faults", "meteor"], "--faults: unknown ['meteor']"),
+        (["--seeds", "0"], "--seeds and --jobs must be >= 1"),
+        (["--seed", "1", "--keep", "99"], "--keep: indices of the seed's"),
+        (["--seeds", "1", "--virtual-s", "10"], "--virtual-s must be >= 60"),
+    ],
+)
+def test_sim_check_refuses_bad_arguments(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "check", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lbd: error: ") and message in err

@@ -1,0 +1,126 @@
+"""``lbd sim check``: seeded simulated clusters with faults (:mod:`lbd.sim.world`).
+
+``--seeds N`` runs seeds ``--first`` .. ``--first + N - 1`` over ``--jobs`` processes and prints
+each failing seed with what it violated and its fault schedule shrunk to the fewest faults that
+still fail; ``--seed S --trace`` replays one seed exactly and prints its trace. Exit code 1 when
+any seed failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from lbd.core.errors import InvalidInputError
+from lbd.sim.world import FAULTS, Fault, Outcome, WorldSpec, run_seed, schedule, shrink
+
+SHRUNK_AT_MOST = 3
+"""Failing seeds whose schedules are shrunk (each shrink reruns the seed once per fault)."""
+
+
+def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``lbd sim check`` to the ``lbd sim`` verbs."""
+    p = verbs.add_parser(
+        "check", help="run seeded simulated clusters with faults", description=__doc__
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seeds", type=int, metavar="N", help="run N seeds")
+    which.add_argument("--seed", type=int, metavar="S", help="run one seed")
+    p.add_argument("--first", type=int, default=1, metavar="S", help="the first of --seeds")
+    p.add_argument("--trace", action="store_true", help="with --seed: print the event trace")
+    p.add_argument(
+        "--keep",
+        default=None,
+        metavar="I,J",
+        help="with --seed: run only these faults of the seed's schedule (as a shrink prints)",
+    )
+    p.add_argument(
+        "--virtual-s", type=float, default=600.0, metavar="S", help="virtual seconds per seed"
+    )
+    p.add_argument("--faults", default="", metavar="K,K", help=f"only these: {', '.join(FAULTS)}")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J")
+    p.add_argument(
+        "--lease-off",
+        action="store_true",
+        help="mutation: brokers ignore their serving lease (the check must then fail)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the seeds; 0 when every one held every invariant."""
+    faults = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        raise InvalidInputError(f"--faults: unknown {unknown}; known: {', '.join(FAULTS)}")
+    if args.virtual_s < 60:
+        raise InvalidInputError(f"--virtual-s must be >= 60, got {args.virtual_s}")
+    logging.disable(logging.CRITICAL)  # the sidecars' own logs; the trace says what happened
+
+    def spec(seed: int) -> WorldSpec:
+        return WorldSpec(seed, virtual_s=args.virtual_s, lease_off=args.lease_off, faults=faults)
+
+    if args.seed is not None:
+        outcome = run_seed(spec(args.seed), _kept(spec(args.seed), args.keep))
+        if args.trace:
+            print("\n".join(outcome.trace))
+        _report(outcome)
+        if not outcome.ok:
+            _report_shrunk(spec(args.seed), shrink(spec(args.seed), outcome))
+        return 0 if outcome.ok else 1
+    if args.seeds < 1 or args.jobs < 1:
+        raise InvalidInputError("--seeds and --jobs must be >= 1")
+    started = time.perf_counter()
+    seeds = range(args.first, args.first + args.seeds)
+    failed: list[Outcome] = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for outcome in pool.map(run_seed, map(spec, seeds), chunksize=4):
+            if not outcome.ok:
+                failed.append(outcome)
+                _report(outcome)
+    took = time.perf_counter() - started
+    for outcome in failed[:SHRUNK_AT_MOST]:
+        _report_shrunk(spec(outcome.seed), shrink(spec(outcome.seed), outcome))
+    print(
+        f"{args.seeds} seeds, {len(failed)} failed, {took:.1f}s "
+        f"({args.seeds / took:.2f} seeds/s, {args.virtual_s:g} virtual s each, "
+        f"{args.jobs} processes)"
+    )
+    return 1 if failed else 0
+
+
+def _kept(spec: WorldSpec, keep: str | None) -> tuple[Fault, ...] | None:
+    if keep is None:
+        return None
+    _, faults = schedule(spec)
+    try:
+        indices = [int(i) for i in keep.split(",") if i]
+        return tuple(faults[i] for i in indices)
+    except (ValueError, IndexError):
+        raise InvalidInputError(
+            f"--keep: indices of the seed's {len(faults)} faults, 0 to {len(faults) - 1}, "
+            f"got {keep!r}"
+        ) from None
+
+
+def _report(outcome: Outcome) -> None:
+    status = "ok" if outcome.ok else f"FAILED ({len(outcome.violations)} violations)"
+    print(f"seed {outcome.seed}: {status}, {len(outcome.faults)} faults")
+    for violation in outcome.violations[:5]:
+        print(f"  {violation}")
+
+
+def _report_shrunk(spec: WorldSpec, outcome: Outcome) -> None:
+    faults = ", ".join(str(f) for f in outcome.faults) or "none"
+    print(f"seed {outcome.seed} still fails with {len(outcome.faults)} fault(s): {faults}")
+    _, scheduled = schedule(spec)
+    keep = ",".join(str(scheduled.index(f)) for f in outcome.faults)
+    flags = f" --virtual-s {spec.virtual_s:g}"
+    if spec.faults:
+        flags += f" --faults {','.join(spec.faults)}"
+    if spec.lease_off:
+        flags += " --lease-off"
+    print(f"  replay: lbd sim check --seed {outcome.seed} --keep {keep}{flags} --trace")
