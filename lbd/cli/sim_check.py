@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -50,6 +51,10 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def _quiet() -> None:
+    logging.disable(logging.CRITICAL)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the seeds; 0 when every one held every invariant."""
     faults = tuple(k for k in args.faults.split(",") if k)
@@ -76,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.seeds)
     failed: list[Outcome] = []
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # Spawned, not forked: a fork of a process with threads (gRPC, the Pulsar client) can hang.
+    with ProcessPoolExecutor(
+        args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet
+    ) as pool:
         for outcome in pool.map(run_seed, map(spec, seeds), chunksize=4):
             if not outcome.ok:
                 failed.append(outcome)

@@ -51,8 +51,10 @@ async def test_the_cache_follows_a_real_sidecar() -> None:
                 # Releasing (no owner to send clients to), then Free: the stream may lag the
                 # answer, so wait for the last step.
                 await until(
-                    lambda: (v := cache.get(reply.bundle)) is not None
-                    and v.state == lbd_pb2.BUNDLE_STATE_FREE
+                    lambda: (
+                        (v := cache.get(reply.bundle)) is not None
+                        and v.state == lbd_pb2.BUNDLE_STATE_FREE
+                    )
                 )
                 assert cache.owner(reply.bundle) is None
 
