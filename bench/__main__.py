@@ -4,7 +4,8 @@ Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up 
 pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
 pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
 kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and pulsar-lite killed
-and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself).
+and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself),
+``sim`` (seeds per second of the deterministic simulation).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bench import channel_bench, core, outage_bench, sidecar_bench, startup_bench
+from bench import channel_bench, core, outage_bench, sidecar_bench, sim_bench, startup_bench
 from bench.report import measurements_table
 
-SUITES = ("core", "channel", "startup", "sidecar", "outages")
+SUITES = ("core", "channel", "startup", "sidecar", "outages", "sim")
 
 
 def main() -> None:
@@ -56,6 +57,11 @@ def main() -> None:
         with console.status(f"outages: etcd {etcd_s:g} s (twice), pulsar-lite {pulsar_s:g} s..."):
             reports = outage_bench.run(etcd_outage_s=etcd_s, pulsar_outage_s=pulsar_s)
         console.print(outage_bench.reports_table(reports))
+    if "sim" in suites:
+        seeds = 20 if args.quick else 200
+        with console.status(f"simulation: {seeds} seeds of 10 virtual minutes..."):
+            result = sim_bench.run(seeds=seeds)
+        console.print(measurements_table("deterministic simulation (lbd sim check)", result))
 
 
 if __name__ == "__main__":

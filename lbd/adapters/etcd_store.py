@@ -88,6 +88,11 @@ class EtcdMetadataStore:
         """When the last successful lease renewal was sent (for self-fencing)."""
         return self._session.last_renewed_monotonic
 
+    @property
+    def lease_granted_monotonic(self) -> float:
+        """When the grant of the current lease was sent."""
+        return self._session.lease_granted_monotonic
+
     async def start(self) -> None:
         """Grant the session lease and start the keepalive task."""
         await self._session.start()

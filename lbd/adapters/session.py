@@ -133,6 +133,7 @@ class LeaseSession:
         self._hub = EventHub()
         self._lease_id: int | None = None
         self._last_renewed = clock.monotonic()
+        self._granted = self._last_renewed
         self._reachable = True
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -149,6 +150,11 @@ class LeaseSession:
         """When the last successful renewal (or grant) was sent, on the session's clock."""
         return self._last_renewed
 
+    @property
+    def lease_granted_monotonic(self) -> float:
+        """When the grant of the current lease was sent, on the session's clock."""
+        return self._granted
+
     def events(self) -> AsyncIterator[SessionEvent]:
         """Subscribe to session events from now on."""
         return self._hub.subscribe()
@@ -159,6 +165,7 @@ class LeaseSession:
             return
         sent = self._clock.monotonic()
         self._lease_id = await self._backend.grant(self._policy.lease_ttl_s)
+        self._granted = sent
         self._last_renewed = sent
         self._task = guard(self._keepalive(), name=f"{self._name}-keepalive")
 
@@ -235,6 +242,7 @@ class LeaseSession:
                 continue
             # Set before restoring, so that anything written meanwhile goes under the new lease.
             self._lease_id = lease_id
+            self._granted = sent
             try:
                 await self._restore(lease_id)
             except UnavailableError as e:

@@ -79,6 +79,16 @@ class MetadataStore(Protocol):
         """
         ...
 
+    @property
+    def lease_granted_monotonic(self) -> float:
+        """Clock-monotonic time at which the grant of the current lease was SENT.
+
+        A lease granted after another was lost is a new registration: the leader may have moved
+        the old one's bundles meanwhile, so self-fencing counts the lease only once the channel
+        was read through after this time.
+        """
+        ...
+
     async def start(self) -> None:
         """Connect, grant the session lease and start refreshing it."""
         ...

@@ -325,6 +325,7 @@ def build_sidecar(
             clock=clock,
             fence=fence,
             retry_s=timings.retry_s,
+            reown_interval_s=timings.silence_timeout_s,
             metrics=metrics,
         ),
         registration=BrokerRegistration(

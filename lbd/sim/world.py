@@ -53,6 +53,7 @@ from lbd.core.broker import (
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
+from lbd.core.load import BrokerUsage, ResourceUsage
 from lbd.core.state import ServiceUnitState, owner_of
 from lbd.core.table import ChannelPosition
 from lbd.core.tuning import MonitorConfig, SidecarConfig, SidecarTimings
@@ -251,6 +252,19 @@ class _GatedChannel:
         await self._inner.close()
 
 
+class _SimulatedHost:
+    """The host a sidecar measures while its broker sends no load report: a CPU load that wanders
+    with the world's seed (never the machine the simulation runs on)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._cpu = rng.uniform(10.0, 60.0)
+
+    def sample(self, now_s: float) -> BrokerUsage:
+        self._cpu = min(95.0, max(1.0, self._cpu + self._rng.uniform(-5.0, 5.0)))
+        return BrokerUsage(cpu=ResourceUsage(self._cpu, 100.0))
+
+
 class SimulatedBroker:
     """A broker that obeys the contract: it serves what it is told to Own while its serving lease
     is valid, acknowledges every command, and forgets everything when its lease runs out."""
@@ -433,6 +447,7 @@ class World:
             ),
             clock,
             random.Random(self.rng.getrandbits(64)),
+            host=_SimulatedHost(random.Random(self.rng.getrandbits(64))),
             on_death=lambda name, error: self._died(me, name, error),
         )
         await sidecar.start()

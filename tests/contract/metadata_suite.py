@@ -203,10 +203,12 @@ class MetadataStoreContract:
     async def test_keepalive_holds_the_lease_beyond_its_ttl(self, harness: MetadataHarness) -> None:
         s = await harness.store(SessionPolicy(lease_ttl_s=1, keepalive_interval_s=0.2))
         await s.register_broker(A, b"a")
-        renewed = s.last_renewed_monotonic
+        renewed, granted = s.last_renewed_monotonic, s.lease_granted_monotonic
+        assert granted <= renewed
         assert await harness.stays_pending(_never(), 2.5)
         assert (await s.list_brokers())[0] == {A: b"a"}
         assert s.last_renewed_monotonic > renewed
+        assert s.lease_granted_monotonic == granted  # renewals do not make a new lease
 
     async def test_lost_lease_is_replaced_and_the_registration_rewritten(
         self, harness: MetadataHarness
@@ -214,6 +216,7 @@ class MetadataStoreContract:
         s = await harness.store()
         observer = await harness.store()
         await s.register_broker(A, b"a")
+        granted = s.lease_granted_monotonic
         async with aclosing(s.session_events()) as events:
             await harness.lose_lease(s)
             lost = await next_event(harness, events)
@@ -221,6 +224,8 @@ class MetadataStoreContract:
         assert lost.kind is SessionEventKind.LEASE_LOST
         assert back.kind is SessionEventKind.RECONNECTED
         assert back.lease_id != lost.lease_id
+        # The new lease's grant time is known by the time its event is.
+        assert granted < s.lease_granted_monotonic <= back.at_monotonic
         assert (await observer.list_brokers())[0] == {A: b"a"}
 
     async def test_a_deregistered_broker_stays_away_after_a_new_lease(

@@ -111,3 +111,16 @@ def test_without_the_planted_bug_the_same_release_scenario_holds() -> None:
 
 def test_a_fault_reads_as_its_schedule_entry() -> None:
     assert str(Fault(12.34, "etcd-down", 1, 5.0)) == "etcd-down@12.3s(node 1, 5.0s)"
+
+
+@pytest.mark.parametrize(
+    ("seed", "what"),
+    [
+        (250, "a sidecar back from isolation vouched on its new lease before reading the channel"),
+        (415, "the same race, reached through a pause and an etcd cut-off"),
+        (440, "an Own the paused broker never acknowledged was never sent again"),
+    ],
+)
+def test_seeds_that_found_bugs_hold_now(seed: int, what: str) -> None:
+    outcome = run_seed(WorldSpec(seed))
+    assert outcome.ok, (what, outcome.violations)

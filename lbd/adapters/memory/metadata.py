@@ -232,6 +232,11 @@ class MemoryMetadataStore:
         """When the last successful renewal was sent."""
         return self._session.last_renewed_monotonic
 
+    @property
+    def lease_granted_monotonic(self) -> float:
+        """When the grant of the current lease was sent."""
+        return self._session.lease_granted_monotonic
+
     async def start(self) -> None:
         """Grant the lease and start the keepalive task."""
         await self._session.start()

@@ -67,8 +67,6 @@ class Fence:
         self._subscribers: set[asyncio.Queue[bool]] = set()
         self._barrier_began: float | None = None
         """When the last completed channel read barrier began (clock-monotonic)."""
-        self._lease_since = float("-inf")
-        """When the current metadata lease was granted, if after start (a new registration)."""
         self._barrier_now = asyncio.Event()
         self._on_channel_only = False
         self.fencings = 0
@@ -129,7 +127,9 @@ class Fence:
         return self._clock.monotonic() - self._metadata.last_renewed_monotonic
 
     def _lease_vouches(self) -> bool:
-        read_since = self._barrier_began is not None and self._barrier_began >= self._lease_since
+        # Read from the store itself, not from a session event that may not be delivered yet.
+        granted = self._metadata.lease_granted_monotonic
+        read_since = self._barrier_began is not None and self._barrier_began >= granted
         return read_since and self._lease_stale_s() < self._fence_after_s
 
     def _channel_vouches(self) -> bool:
@@ -207,7 +207,5 @@ class Fence:
         with contextlib.suppress(SessionExpiredError):  # the SessionWatcher handles that
             async for event in events:
                 if event.kind is SessionEventKind.RECONNECTED:
-                    # A new lease: the table must be read through again before it counts, since
-                    # the old registration may have vanished and its bundles moved meanwhile.
-                    self._lease_since = event.at_monotonic
+                    # A new lease counts only after the next read barrier: run it now.
                     self._barrier_now.set()

@@ -62,9 +62,12 @@ class OwnershipReactor:
         clock: Clock,
         fence: Fence,
         retry_s: float,
+        reown_interval_s: float,
         metrics: Metrics,
     ) -> None:
-        """``retry_s`` is the pause before retrying a proposal that met an outage."""
+        """``retry_s`` is the pause before retrying a proposal that met an outage;
+        ``reown_interval_s`` how often bundles Owned by this broker that it does not serve are
+        offered to it again (an Own it never acknowledged is not retried otherwise)."""
         self._me = me
         self._metrics = metrics
         self._follower = follower
@@ -75,6 +78,7 @@ class OwnershipReactor:
         self._clock = clock
         self._fence = fence
         self._retry_s = retry_s
+        self._reown_interval_s = reown_interval_s
         self._tasks: list[asyncio.Task[None]] = []
         self._workers: dict[BundleId, asyncio.Task[None]] = {}
         self._dirty: set[BundleId] = set()
@@ -101,6 +105,7 @@ class OwnershipReactor:
             guard(self._follow_changes(changes), name=f"ownership-reactor-{self._me}"),
             guard(self._follow_link(link_events), name=f"broker-link-{self._me}"),
             guard(self._follow_fence(fence_states), name=f"fence-{self._me}"),
+            guard(self._reown_unserved(), name=f"reown-{self._me}"),
         ]
 
     async def close(self) -> None:
@@ -166,6 +171,19 @@ class OwnershipReactor:
             async for fenced in states:
                 if not fenced:
                     await self.reconcile()
+
+    async def _reown_unserved(self) -> None:
+        """Offer the broker again what it owns but does not serve. An Own that timed out (the
+        broker was paused, or its stream stalled) is otherwise never sent again: nothing in the
+        table changes, and a broker that lost its lease meanwhile reports no new lapse."""
+        while True:
+            await self._clock.sleep(self._reown_interval_s)
+            if self._fenced or not (self._link.attached or self._link.auto_ack):
+                continue
+            served = self._link.served()
+            for bundle, value in self._follower.table.items():
+                if owner_of(value) == self._me and bundle not in served:
+                    self._kick(bundle)
 
     # -- per-bundle work ---------------------------------------------------------------------
 
