@@ -1,4 +1,4 @@
-"""Benchmark of the deterministic simulation (:mod:`lbd.sim.world`): seeds per second.
+"""Benchmark of the deterministic simulation (:mod:`lbd.simulation.world`): seeds per second.
 
 ``python -m bench.sim_bench [--seeds N] [--jobs J]`` runs N seeds of ten virtual minutes each
 (3 to 5 brokers, every kind of fault) over J processes, the way ``lbd sim check`` does, and
@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from rich.console import Console
 
 from bench.report import measurements_table
-from lbd.sim.world import WorldSpec, run_seed
+from lbd.simulation.world import WorldSpec, run_seed
 
 VIRTUAL_S = 600.0
 

@@ -1,4 +1,4 @@
-"""``lbd sim check``: seeded simulated clusters with faults (:mod:`lbd.sim.world`).
+"""``lbd sim check``: seeded simulated clusters with faults (:mod:`lbd.simulation.world`).
 
 ``--seeds N`` runs seeds ``--first`` .. ``--first + N - 1`` over ``--jobs`` processes and prints
 each failing seed with what it violated and its fault schedule shrunk to the fewest faults that
@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from lbd.core.errors import InvalidInputError
-from lbd.sim.world import FAULTS, Fault, Outcome, WorldSpec, run_seed, schedule, shrink
+from lbd.simulation.world import FAULTS, Fault, Outcome, WorldSpec, run_seed, schedule, shrink
 
 SHRUNK_AT_MOST = 3
 """Failing seeds whose schedules are shrunk (each shrink reruns the seed once per fault)."""

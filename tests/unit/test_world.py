@@ -1,5 +1,5 @@
-"""The simulated world (lbd/sim/world.py): the same seed gives the same run, seeds with faults
-hold every invariant, and planted bugs are found."""
+"""The simulated world (lbd/simulation/world.py): the same seed gives the same run, seeds with
+faults hold every invariant, and planted bugs are found."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from lbd.services.sidecar.broker_link import BrokerLink
-from lbd.sim.world import FAULTS, TIMINGS, Fault, WorldSpec, run_seed, schedule, shrink
+from lbd.simulation.world import FAULTS, TIMINGS, Fault, WorldSpec, run_seed, schedule, shrink
 
 SEARCH = 30
 """Seeds a planted bug must be found within (each seed of these tests takes about a second)."""

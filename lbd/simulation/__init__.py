@@ -1,0 +1,1 @@
+"""The deterministic simulation: real sidecars under a virtual clock with seeded faults."""
