@@ -81,5 +81,9 @@ def write_rows(fs: pafs.FileSystem, base: str, table: Table, rows: Sequence[Row]
         fs.create_dir(directory, recursive=True)
         name = f"part-{safe_tag}-{uuid.uuid4().hex}.parquet"
         arrow_table = pa.Table.from_pylist(list(part), schema=schema)
-        pq.write_table(arrow_table, f"{directory}/{name}", filesystem=fs)
+        # Written under a hidden name and moved into place: a reader listing the directory (a
+        # dataset, Spark) never meets a half-written file.
+        in_progress = f"{directory}/.{name}.inprogress"
+        pq.write_table(arrow_table, in_progress, filesystem=fs)
+        fs.move(in_progress, f"{directory}/{name}")
     return len(by_partition)
