@@ -36,7 +36,7 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import LbdError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
@@ -49,18 +49,6 @@ from lbd.services.cluster.registry import BrokerRegistry
 _log = logging.getLogger(__name__)
 
 _S = ServiceUnitState
-
-
-def server_of(data: ServiceUnitStateData | None) -> BrokerId | None:
-    """The broker that may be serving the bundle: the owner, the source of a Releasing or
-    Splitting, the destination of an Assigning (it may have taken it already)."""
-    if data is None:
-        return None
-    if data.state in (_S.Owned, _S.Assigning):
-        return data.dst_broker
-    if data.state in (_S.Releasing, _S.Splitting):
-        return data.source_broker
-    return None
 
 
 @dataclass(frozen=True, slots=True)
