@@ -59,6 +59,14 @@ class ManualClock:
         """How many sleeps are pending (lets a test wait until a task has gone to sleep)."""
         return sum(1 for _, _, f in self._sleepers if not f.done())
 
+    def next_deadline(self) -> float | None:
+        """When the earliest pending sleep ends (None when nothing sleeps): a simulated event loop
+        with nothing to run moves the clock straight there."""
+        sleepers = self._sleepers
+        while sleepers and sleepers[0][2].done():  # cancelled while asleep
+            heapq.heappop(sleepers)
+        return sleepers[0][0] if sleepers else None
+
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every sleep whose deadline has passed."""
         if seconds < 0:

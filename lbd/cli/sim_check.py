@@ -2,13 +2,15 @@
 
 ``--seeds N`` runs seeds ``--first`` .. ``--first + N - 1`` over ``--jobs`` processes and prints
 each failing seed with what it violated and its fault schedule shrunk to the fewest faults that
-still fail; ``--seed S --trace`` replays one seed exactly and prints its trace. Exit code 1 when
-any seed failed.
+still fail; ``--seed S --trace`` replays one seed exactly and prints its trace. ``--mutation
+NAME`` plants one of the bugs of :mod:`lbd.simulation.mutations` and runs the search that finds
+it. Exit code 1 when any seed failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -16,7 +18,17 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from lbd.core.errors import InvalidInputError
-from lbd.simulation.world import FAULTS, Fault, Outcome, WorldSpec, run_seed, schedule, shrink
+from lbd.simulation.mutations import MUTATIONS
+from lbd.simulation.world import (
+    FAULTS,
+    Fault,
+    Outcome,
+    WorldSpec,
+    run_seed,
+    schedule,
+    search_spec,
+    shrink,
+)
 
 SHRUNK_AT_MOST = 3
 """Failing seeds whose schedules are shrunk (each shrink reruns the seed once per fault)."""
@@ -39,14 +51,26 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="with --seed: run only these faults of the seed's schedule (as a shrink prints)",
     )
     p.add_argument(
-        "--virtual-s", type=float, default=600.0, metavar="S", help="virtual seconds per seed"
+        "--virtual-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="virtual seconds per seed (default 600, or the mutation's search)",
     )
-    p.add_argument("--faults", default="", metavar="K,K", help=f"only these: {', '.join(FAULTS)}")
+    p.add_argument(
+        "--faults",
+        default=None,
+        metavar="K,K",
+        help=f"only these (default all, or the mutation's search): {', '.join(FAULTS)}",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J")
     p.add_argument(
-        "--lease-off",
-        action="store_true",
-        help="mutation: brokers ignore their serving lease (the check must then fail)",
+        "--mutation",
+        default="",
+        choices=sorted(MUTATIONS),
+        metavar="NAME",
+        help="plant this bug (the check must then fail) and run its search's faults and "
+        f"timings: {', '.join(sorted(MUTATIONS))}",
     )
     p.set_defaults(func=run)
 
@@ -57,16 +81,21 @@ def _quiet() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the seeds; 0 when every one held every invariant."""
-    faults = tuple(k for k in args.faults.split(",") if k)
-    unknown = sorted(set(faults) - set(FAULTS))
+    faults = None if args.faults is None else tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(faults or ()) - set(FAULTS))
     if unknown:
         raise InvalidInputError(f"--faults: unknown {unknown}; known: {', '.join(FAULTS)}")
-    if args.virtual_s < 60:
+    if args.virtual_s is not None and args.virtual_s < 60:
         raise InvalidInputError(f"--virtual-s must be >= 60, got {args.virtual_s}")
     logging.disable(logging.CRITICAL)  # the sidecars' own logs; the trace says what happened
 
     def spec(seed: int) -> WorldSpec:
-        return WorldSpec(seed, virtual_s=args.virtual_s, lease_off=args.lease_off, faults=faults)
+        world = search_spec(args.mutation, seed) if args.mutation else WorldSpec(seed)
+        if faults is not None:
+            world = dataclasses.replace(world, faults=faults)
+        if args.virtual_s is not None:
+            world = dataclasses.replace(world, virtual_s=args.virtual_s)
+        return world
 
     if args.seed is not None:
         outcome = run_seed(spec(args.seed), _kept(spec(args.seed), args.keep))
@@ -94,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         _report_shrunk(spec(outcome.seed), shrink(spec(outcome.seed), outcome))
     print(
         f"{args.seeds} seeds, {len(failed)} failed, {took:.1f}s "
-        f"({args.seeds / took:.2f} seeds/s, {args.virtual_s:g} virtual s each, "
+        f"({args.seeds / took:.2f} seeds/s, {spec(0).virtual_s:g} virtual s each, "
         f"{args.jobs} processes)"
     )
     return 1 if failed else 0
@@ -126,9 +155,7 @@ def _report_shrunk(spec: WorldSpec, outcome: Outcome) -> None:
     print(f"seed {outcome.seed} still fails with {len(outcome.faults)} fault(s): {faults}")
     _, scheduled = schedule(spec)
     keep = ",".join(str(scheduled.index(f)) for f in outcome.faults)
-    flags = f" --virtual-s {spec.virtual_s:g}"
-    if spec.faults:
-        flags += f" --faults {','.join(spec.faults)}"
-    if spec.lease_off:
-        flags += " --lease-off"
+    flags = f" --virtual-s {spec.virtual_s:g} --faults {','.join(spec.faults or FAULTS)}"
+    if spec.mutation:
+        flags += f" --mutation {spec.mutation}"
     print(f"  replay: lbd sim check --seed {outcome.seed} --keep {keep}{flags} --trace")

@@ -225,9 +225,10 @@ class EtcdSettings(Section):
     the missed deadline up to one keepalive interval late, and the margin pays for closing the
     bundles on the broker and for clock-rate differences between hosts."""
     fence_check_interval_s: Seconds = 1.0
-    """How often the fence compares the time since the last lease renewal with fence_after_s.
-    At most keepalive_interval_s, so that the fencing rule's allowance of one keepalive interval
-    for noticing the missed deadline also covers this check."""
+    """How often the sidecar runs a channel read barrier, and how often a fenced sidecar looks
+    whether it may unfence (a vouching sidecar checks its grounds the moment the first of them
+    would lapse). At most keepalive_interval_s, so that a barrier comes at least as often as a
+    renewal."""
     retry_s: Seconds = 1.0
     """Pause before a sidecar retries what met an etcd or channel outage (a registration, a
     proposal of its reconciliation, a campaign). Below lease_ttl_s, so a retry comes within one

@@ -151,7 +151,8 @@ class SidecarTimings:
     fence_after_s: float = 30.0
     """Unrenewed lease time after which the sidecar fences itself (``etcd.fence_after_s``)."""
     fence_check_interval_s: float = 1.0
-    """How often the fence looks at the lease (``etcd.fence_check_interval_s``)."""
+    """How often the read barrier runs, and a fenced sidecar looks whether it may unfence
+    (``etcd.fence_check_interval_s``)."""
     retry_s: float = 1.0
     """Pause before retrying a write that met an outage (``etcd.retry_s``)."""
     serving_lease_s: float = 10.0

@@ -239,11 +239,20 @@ def build_sidecar(
         # The fence watches the link, and the link asks the fence: bound once both exist.
         vouch=lambda: fence.vouches(),
     )
+    registration = BrokerRegistration(
+        link,
+        registry,
+        clock,
+        self_info=info,
+        retry_s=timings.retry_s,
+        silence_timeout_s=timings.silence_timeout_s,
+    )
     fence = Fence(
         ports.metadata,
         link,
         clock,
         follower,
+        registration,
         fence_after_s=timings.fence_after_s,
         check_interval_s=timings.fence_check_interval_s,
     )
@@ -328,14 +337,7 @@ def build_sidecar(
             reown_interval_s=timings.silence_timeout_s,
             metrics=metrics,
         ),
-        registration=BrokerRegistration(
-            link,
-            registry,
-            clock,
-            self_info=info,
-            retry_s=timings.retry_s,
-            silence_timeout_s=timings.silence_timeout_s,
-        ),
+        registration=registration,
         lookup=lookup,
         operations=operations,
         reporter=LoadReporter(

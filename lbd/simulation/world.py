@@ -50,60 +50,81 @@ from lbd.core.broker import (
     ServingLease,
     SidecarMessage,
 )
+from lbd.core.bundles import SplitAlgorithm
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerUsage, ResourceUsage
-from lbd.core.state import ServiceUnitState, owner_of
-from lbd.core.table import ChannelPosition
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, server_of
+from lbd.core.table import ChannelPosition, StateTable
 from lbd.core.tuning import MonitorConfig, SidecarConfig, SidecarTimings
 from lbd.ports.channel import ChannelMessage
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
+from lbd.simulation import loop
+from lbd.simulation.mutations import MUTATIONS
 
 _S = ServiceUnitState
 _HELD = (
     "pause-sidecar",
     "isolate-sidecar",
+    "crash-sidecar",
     "pause-broker",
     "etcd-down",
     "etcd-cut-one",
     "channel-down",
+    "channel-cut-one",
 )
-"""Faults that hold for a while (the others are one admin call)."""
+"""Faults that hold for a while (the others happen at one instant)."""
+_CLUSTER_WIDE = ("etcd-down", "channel-down")
 
 TIMINGS = SidecarTimings(
     own_ack_timeout_s=3.0,
     release_ack_timeout_s=3.0,
     settle_timeout_s=10.0,
-    fence_after_s=3.0,
-    fence_check_interval_s=0.5,
-    retry_s=0.5,
-    serving_lease_s=2.0,
-    lease_margin_s=1.0,
-    silence_timeout_s=6.0,
+    fence_after_s=6.0,
+    fence_check_interval_s=2.0,
+    retry_s=1.0,
+    serving_lease_s=4.0,
+    lease_margin_s=2.0,
+    silence_timeout_s=12.0,
 )
-"""The dev cluster's short timings: a run of ten virtual minutes sees many leases and graces."""
-LEASE_TTL_S = 3
-KEEPALIVE_S = 0.8
+"""Twice the dev cluster's short timings (a fifth of the defaults): ten virtual minutes see
+many leases and graces lapse."""
+LEASE_TTL_S = 6
+KEEPALIVE_S = 2.0
 CONFIG = SidecarConfig(
     timings=TIMINGS,
     monitor=MonitorConfig(
-        interval_s=1.0, inflight_timeout_s=8.0, tombstone_after_s=3600.0, orphan_cleanup_grace_s=7.0
+        interval_s=2.0,
+        inflight_timeout_s=16.0,
+        tombstone_after_s=3600.0,
+        orphan_cleanup_grace_s=14.0,
     ),
     shedding_interval_s=10**9,
     split_interval_s=10**9,
-    checkpoint_interval_s=10**9,
-    load_report_interval_s=5.0,
+    checkpoint_interval_s=30.0,
+    load_report_interval_s=10.0,
     default_namespace_bundles=8,
 )
-STEP_S = 0.25
-"""How far the world moves the clock at a time."""
-TURNS = 20
-"""Event-loop turns after each step: in-process work settles within a few."""
-ORPHAN_BOUND_S = LEASE_TTL_S + 7.0 + TIMINGS.handover_wait_s + 2 * CONFIG.monitor.interval_s + 10.0
+MAX_DRIFT = 0.01
+"""Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,
+``lease_margin_s``, covers far more: 2 s on a 4 s lease)."""
+MAX_BROKERS = 5
+"""Brokers that join take the ids ``broker-1`` .. ``broker-5`` not in use."""
+MIN_BROKERS = 3
+"""A broker leaves only while more than this many are up."""
+ORPHAN_BOUND_S = (
+    LEASE_TTL_S
+    + CONFIG.monitor.orphan_cleanup_grace_s
+    + TIMINGS.handover_wait_s
+    + 2 * CONFIG.monitor.interval_s
+    + 10.0
+)
 """A gone broker's bundles are Owned again within this (with time for a lookup to assign a freed
 one)."""
+MAX_VIOLATIONS = 20
+"""A run stops recording violations after this many (the first say what went wrong)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,31 +136,40 @@ class WorldSpec:
     mean_fault_gap_s: float = 20.0
     brokers: int | None = None
     """3 to 5, chosen by the seed when None."""
-    lease_off: bool = False
-    """Mutation: brokers ignore their serving lease (the simulation must then find dual serving)."""
     faults: tuple[str, ...] = ()
     """Only these kinds of fault (all when empty): see :data:`FAULTS`."""
     timings: SidecarTimings = TIMINGS
-    orphan_grace_s: float = 7.0
-    """``monitor.orphan_cleanup_grace_s`` (the dev cluster's)."""
+    orphan_grace_s: float = 14.0
+    """``monitor.orphan_cleanup_grace_s``."""
+    fault_s: tuple[float, float] = (1.0, 45.0)
+    """How long a fault that holds lasts: uniform between these, in virtual seconds."""
+    mutation: str = ""
+    """A planted bug (:data:`lbd.simulation.mutations.MUTATIONS`) the run must then find; none
+    when empty."""
 
 
 FAULTS = (
     "pause-sidecar",
     "isolate-sidecar",
+    "crash-sidecar",
     "pause-broker",
     "etcd-down",
     "etcd-cut-one",
     "channel-down",
+    "channel-cut-one",
+    "redeliver",
+    "join",
+    "leave",
     "transfer",
     "unload",
+    "split",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One fault of a schedule: at ``at_s`` (virtual seconds from the start), ``kind`` hits the
-    ``node``-th broker (by id order) for ``duration_s``."""
+    ``node``-th live broker (by id order) for ``duration_s``."""
 
     at_s: float
     kind: str
@@ -159,7 +189,7 @@ def schedule(spec: WorldSpec) -> tuple[int, tuple[Fault, ...]]:
     faults: list[Fault] = []
     at = rng.expovariate(1.0 / spec.mean_fault_gap_s)
     while at < spec.virtual_s * 2 / 3:
-        fault = Fault(at, rng.choice(kinds), rng.randrange(brokers), rng.uniform(1.0, 30.0))
+        fault = Fault(at, rng.choice(kinds), rng.randrange(brokers), rng.uniform(*spec.fault_s))
         faults.append(fault)
         at += rng.expovariate(1.0 / spec.mean_fault_gap_s)
     return brokers, tuple(faults)
@@ -186,46 +216,46 @@ class _Gate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
-        self._pauses = 0
 
     @property
     def paused(self) -> bool:
         return not self._open.is_set()
 
-    def pause(self) -> None:
-        self._pauses += 1
-        self._open.clear()
-
-    def resume(self, *, all_: bool = False) -> None:
-        self._pauses = 0 if all_ else max(0, self._pauses - 1)
-        if self._pauses == 0:
+    def set(self, closed: bool) -> None:
+        if closed:
+            self._open.clear()
+        else:
             self._open.set()
 
     async def wait(self) -> None:
-        await self._open.wait()
+        if not self._open.is_set():
+            await self._open.wait()
 
 
-class _GatedClock:
-    """The world's clock as a paused sidecar sees it: time runs on, but no sleep ends while it is
-    paused."""
+class _HostClock:
+    """One host's clock: the world's, running at ``rate`` (within :data:`MAX_DRIFT` of 1), and
+    frozen for the sidecar's tasks while ``gate`` is closed (time runs on, no sleep ends)."""
 
-    def __init__(self, clock: ManualClock, gate: _Gate) -> None:
+    def __init__(self, clock: ManualClock, rate: float, gate: _Gate | None = None) -> None:
         self._clock = clock
+        self._rate = rate
         self._gate = gate
+        self._origin = clock.monotonic()
 
     def now_ms(self) -> int:
-        return self._clock.now_ms()
+        return self._clock.now_ms() + round((self.monotonic() - self._clock.monotonic()) * 1000)
 
     def monotonic(self) -> float:
-        return self._clock.monotonic()
+        return self._origin + (self._clock.monotonic() - self._origin) * self._rate
 
     async def sleep(self, seconds: float) -> None:
-        await self._clock.sleep(seconds)
-        await self._gate.wait()
+        await self._clock.sleep(seconds / self._rate)
+        if self._gate is not None:
+            await self._gate.wait()
 
 
 class _GatedChannel:
-    """A sidecar's channel client that neither reads nor writes while it is paused."""
+    """A sidecar's channel client that neither reads nor writes while its gate is closed."""
 
     def __init__(self, inner: MemoryChannelLog, gate: _Gate) -> None:
         self._inner = inner
@@ -252,6 +282,19 @@ class _GatedChannel:
         await self._inner.close()
 
 
+class _WatchedLog(MemoryLog):
+    """The state channel, telling the world of every message as it is appended."""
+
+    def __init__(self, on_append: Callable[[ChannelPosition, str, bytes], None]) -> None:
+        super().__init__()
+        self._on_append = on_append
+
+    def append(self, key: str, value: bytes) -> ChannelPosition:
+        position = super().append(key, value)
+        self._on_append(position, key, value)
+        return position
+
+
 class _SimulatedHost:
     """The host a sidecar measures while its broker sends no load report: a CPU load that wanders
     with the world's seed (never the machine the simulation runs on)."""
@@ -267,15 +310,17 @@ class _SimulatedHost:
 
 class SimulatedBroker:
     """A broker that obeys the contract: it serves what it is told to Own while its serving lease
-    is valid, acknowledges every command, and forgets everything when its lease runs out."""
+    is valid, acknowledges every command, and forgets everything when its lease runs out or its
+    session ends. Its lease is timed on its own host's clock."""
 
-    def __init__(self, world: World, info: BrokerInfo, gate: _Gate) -> None:
+    def __init__(self, world: World, info: BrokerInfo, clock: _HostClock) -> None:
         self.info = info
         self.serving: set[BundleId] = set()
         self.lease = BrokerLease()
         self.paused = False
+        self.clock = clock
         self._world = world
-        self._gate = gate
+        self._gate = _Gate()
         self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -288,9 +333,11 @@ class SimulatedBroker:
         off) its lease still valid."""
         if bundle not in self.serving:
             return False
-        return self._world.spec.lease_off or self.lease.valid(self._world.clock.monotonic())
+        return self._world.lease_off or self.lease.valid(self.clock.monotonic())
 
-    def start(self, session: Callable[[AsyncIterator[BrokerMessage]], Any]) -> None:
+    def start(self, session: Callable[[AsyncIterator[BrokerMessage]], Any], gate: _Gate) -> None:
+        """Open a session (``gate``: its sidecar's, closed while that is paused)."""
+        self._gate = gate
         self._outgoing = asyncio.Queue()
         self._outgoing.put_nowait(Hello(self.info))
         self.lease = BrokerLease()
@@ -322,12 +369,12 @@ class SimulatedBroker:
         self.serving.clear()  # the session ended: it serves nothing
 
     async def _keep_lease(self) -> None:
-        clock = self._world.clock
+        clock = self.clock
         while True:
             if not self.paused:
                 self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
-            await clock.sleep(TIMINGS.serving_lease_s / 4)
-            if self.paused or self._world.spec.lease_off:
+            await clock.sleep(self._world.spec.timings.serving_lease_s / 4)
+            if self.paused or self._world.lease_off:
                 continue
             if self.lease.lapse_if_due(clock.monotonic()) and self.serving:
                 self._world.note(f"{self.id} lease ran out; serves nothing")
@@ -339,11 +386,12 @@ class SimulatedBroker:
         command = message.command
         match command:
             case ServingLease():
-                self.lease.grant(command, self._world.clock.monotonic())
+                self.lease.grant(command, self.clock.monotonic())
+                self._world.check_broker(self)
                 return
             case OwnCommand(bundle=bundle):
-                self._world.starts_serving(self, bundle)
                 self.serving.add(bundle)
+                self._world.starts_serving(self, bundle)
             case ReleaseCommand(bundle=bundle) | CloseCommand(bundle=bundle):
                 self.serving.discard(bundle)
         self._outgoing.put_nowait(CommandAck(message.command_id, ok=True))
@@ -351,13 +399,20 @@ class SimulatedBroker:
 
 @dataclass(slots=True)
 class _Node:
+    """One host: a sidecar incarnation and its broker."""
+
     sidecar: graph.Sidecar
     broker: SimulatedBroker
     gate: _Gate
     """Closed while the sidecar is paused: its clock and its broker's stream."""
     channel_gate: _Gate
-    """Closed while it is paused or isolated: its channel reads and writes."""
+    """Closed while it is paused, isolated or cut off the channel: its channel reads and
+    writes."""
     metadata: MemoryMetadataStore
+    rate: float
+    """Its host clock's rate."""
+    up: bool = False
+    """Started, and neither crashed nor gone since (faults pick only hosts that are up)."""
 
 
 class World:
@@ -366,32 +421,100 @@ class World:
     def __init__(self, spec: WorldSpec, faults: tuple[Fault, ...] | None = None) -> None:
         """``faults``: the schedule to run (default: the seed's own, :func:`schedule`)."""
         self.spec = spec
+        self.lease_off = spec.mutation == "lease-off"
         self.rng = random.Random(spec.seed)
         self.clock = ManualClock()
         self._brokers, seeded = schedule(spec)
         self.faults = seeded if faults is None else faults
         self.outcome = Outcome(spec.seed, self.faults)
         self._metadata = MemoryMetadataCluster(self.clock)
-        self._log = MemoryLog()
+        self._log = _WatchedLog(self._on_append)
+        self._truth = StateTable()
+        """The channel as a reader that misses nothing sees it, at every instant."""
         self._loads = MemoryLoadTopic()
         self._tops = MemoryLoadTopic()
         self._checkpoints = MemoryCheckpointStore()
         self._nodes: dict[BrokerId, _Node] = {}
+        self._gone: dict[BrokerId, _Node] = {}
         self._ever_owned: set[BundleId] = set()
         self._held: dict[tuple[str, str], int] = {}
+        self._starting: set[BrokerId] = set()
+        self._joining: set[BrokerId] = set()
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
         self.outcome.trace.append(f"{self.clock.monotonic() - 1000.0:9.2f} {line}")
 
+    # -- invariants --------------------------------------------------------------------------
+
     def starts_serving(self, broker: SimulatedBroker, bundle: BundleId) -> None:
-        """The invariant, checked as ``broker`` starts serving ``bundle``."""
+        """Checked as ``broker`` is told to own ``bundle``: nobody else serves it, and the
+        channel names ``broker`` its server."""
         for other in self._nodes.values():
             if other.broker is not broker and other.broker.serves(bundle):
-                problem = f"{broker.id} told to own {bundle} while {other.broker.id} serves it"
-                self.note(f"VIOLATION {problem}")
-                self.outcome.violations.append(problem)
+                self._violate(f"{broker.id} told to own {bundle} while {other.broker.id} serves it")
         self.note(f"{broker.id} owns {bundle}")
+        self._check_serving(broker, bundle)
+
+    def check_broker(self, broker: SimulatedBroker) -> None:
+        """Checked as ``broker`` gets a serving lease: the channel names it the server of every
+        bundle it serves."""
+        for bundle in sorted(broker.serving):
+            self._check_serving(broker, bundle)
+
+    def _check_serving(self, broker: SimulatedBroker, bundle: BundleId) -> None:
+        if not broker.serves(bundle):
+            return
+        value = self._truth.get(bundle)
+        server = server_of(value)
+        if server == broker.id or self._splitting_into(broker.id, bundle):
+            return
+        if value is not None and value.state is _S.Deleted and value.source_broker == broker.id:
+            return  # a split parent: its children, all this broker's, cover it
+        state = "Init" if value is None else value.state.value
+        self._violate(f"{broker.id} serves {bundle} while the channel says {state} {server}")
+
+    def _splitting_into(self, broker: BrokerId, child: BundleId) -> bool:
+        """Whether ``child`` is a child of a bundle ``broker`` is splitting."""
+        return any(
+            value.state is _S.Splitting
+            and value.source_broker == broker
+            and child in (value.split_children or {})
+            for value in self._truth_values()
+        )
+
+    def _truth_values(self) -> list[ServiceUnitStateData]:
+        return [value for _, value in self._truth.items()]
+
+    def _on_append(self, position: ChannelPosition, key: str, value: bytes) -> None:
+        """Every message the channel takes: versions only grow, and no broker but the new
+        value's server serves the bundle from this instant on."""
+        result = self._truth.apply(position, BundleId(key), value)
+        if not result.changed:
+            return
+        old, new = result.old, result.new
+        if old is not None and new is not None and new.version_id <= old.version_id:
+            self._violate(f"{key}: version went from {old.version_id} to {new.version_id}")
+        if new is None or new.state in (_S.Deleted, _S.Splitting):
+            return
+        if new.state is _S.Owned:
+            self._ever_owned.add(result.key)
+        for node in self._nodes.values():
+            self._check_serving(node.broker, result.key)
+
+    def _died(self, me: BrokerId, name: str, error: BaseException) -> None:
+        if me in self._starting:
+            # The sidecar's start fails with it (as `lbd serve` exits, for a supervisor).
+            self.note(f"{me}: {name} ended the start: {error!r}")
+            return
+        self._violate(f"{me}: vital task {name} died: {error!r}")
+
+    def _violate(self, problem: str) -> None:
+        self.note(f"VIOLATION {problem}")
+        if len(self.outcome.violations) < MAX_VIOLATIONS:
+            self.outcome.violations.append(problem)
+
+    # -- the run -----------------------------------------------------------------------------
 
     async def run(self) -> Outcome:
         """Run the world for ``virtual_s`` of virtual time; the outcome."""
@@ -404,10 +527,7 @@ class World:
             for fault in self.faults:
                 await self._run_for(max(0.0, fault.at_s - self._now()))
                 running.append(asyncio.ensure_future(self._fault(fault)))
-            while not all(task.done() for task in running):
-                await self._run_for(STEP_S)
-            for task in running:
-                task.result()
+            await asyncio.gather(*running)
             await self._heal()
             await self._run_for(max(ORPHAN_BOUND_S, self.spec.virtual_s - self._now()))
             self._check_converged()
@@ -415,23 +535,37 @@ class World:
             for node in self._nodes.values():
                 await node.broker.stop()
             for node in reversed(list(self._nodes.values())):
-                node.gate.resume(all_=True)
-                node.channel_gate.resume(all_=True)
+                node.gate.set(False)
+                node.channel_gate.set(False)
                 await node.sidecar.close()
+        await self._check_no_task_left()
         return self.outcome
+
+    async def _check_no_task_left(self) -> None:
+        """Every component is closed now: none of their tasks may still run."""
+        await loop.settle()
+        me = asyncio.current_task()
+        left = sorted(t.get_name() for t in asyncio.all_tasks() if t is not me and not t.done())
+        for name in left[:5]:
+            self._violate(f"task {name} outlived its component")
 
     # -- building ----------------------------------------------------------------------------
 
-    async def _add(self, me: BrokerId) -> None:
+    async def _add(self, me: BrokerId, rate: float | None = None) -> _Node:
+        """Start the host of broker ``me`` (a sidecar, then its broker)."""
+        if rate is None:
+            rate = 1.0 + self.rng.uniform(-MAX_DRIFT, MAX_DRIFT)
         gate, channel_gate = _Gate(), _Gate()
-        info = BrokerInfo(me, service_url=f"pulsar://{me}:6650", start_time_ms=self.clock.now_ms())
-        metadata = MemoryMetadataStore(self._metadata, SessionPolicy(LEASE_TTL_S, KEEPALIVE_S))
-        clock = _GatedClock(self.clock, gate)
+        clock = _HostClock(self.clock, rate, gate)
+        info = BrokerInfo(me, service_url=f"pulsar://{me}:6650", start_time_ms=clock.now_ms())
+        metadata = MemoryMetadataStore(
+            self._metadata, SessionPolicy(LEASE_TTL_S, KEEPALIVE_S), clock
+        )
         ports = SidecarPorts(
             metadata=metadata,
             channel=_GatedChannel(MemoryChannelLog(self._log), channel_gate),
-            broker_loads=MemoryLoadStore(self._loads, self.clock),
-            top_bundles=MemoryLoadStore(self._tops, self.clock),
+            broker_loads=MemoryLoadStore(self._loads, clock),
+            top_bundles=MemoryLoadStore(self._tops, clock),
             checkpoints=self._checkpoints,
         )
         sidecar = build_sidecar(
@@ -450,16 +584,32 @@ class World:
             host=_SimulatedHost(random.Random(self.rng.getrandbits(64))),
             on_death=lambda name, error: self._died(me, name, error),
         )
-        await sidecar.start()
-        broker = SimulatedBroker(self, info, gate)
-        broker.start(sidecar.link.session)
-        self._nodes[me] = _Node(sidecar, broker, gate, channel_gate, metadata)
+        old = self._nodes.get(me) or self._gone.get(me)
+        broker = (
+            old.broker
+            if old is not None
+            else SimulatedBroker(
+                self, info, _HostClock(self.clock, 1.0 + self.rng.uniform(-MAX_DRIFT, MAX_DRIFT))
+            )
+        )
+        node = _Node(sidecar, broker, gate, channel_gate, metadata, rate)
+        self._nodes[me] = node
+        gone = self._gone.pop(me, None)
+        self._apply_held(me)
+        self._starting.add(me)
+        try:
+            await sidecar.start()
+        except BaseException:
+            self._starting.discard(me)
+            del self._nodes[me]
+            if old is not None:
+                (self._gone if gone is not None else self._nodes)[me] = old
+            raise
+        self._starting.discard(me)
+        node.up = True
+        broker.start(sidecar.link.session, gate)
         self.note(f"{me} up")
-
-    def _died(self, me: BrokerId, name: str, error: BaseException) -> None:
-        problem = f"{me}: vital task {name} died: {error!r}"
-        self.note(f"VIOLATION {problem}")
-        self.outcome.violations.append(problem)
+        return node
 
     async def _assign_bundles(self) -> None:
         first = next(iter(self._nodes.values())).sidecar
@@ -469,7 +619,7 @@ class World:
             node = list(self._nodes.values())[n % len(self._nodes)]
             assigns.append(node.sidecar.operations.assign(bundle.id, node.sidecar.me))
             self._ever_owned.add(bundle.id)
-        await self._while_time_runs(assigns)
+        await self._in_turn(assigns)
         await self._run_for(2.0)
 
     # -- time ------------------------------------------------------------------------------
@@ -477,41 +627,49 @@ class World:
     def _now(self) -> float:
         return self.clock.monotonic() - 1000.0
 
-    async def _while_time_runs(self, calls: Sequence[Coroutine[Any, Any, object]]) -> None:
-        """Run ``calls`` one after the other while the clock moves on; a call that fails is
-        what a client would see, not a violation."""
-
-        async def in_turn() -> None:
-            for call in calls:
-                with contextlib.suppress(LbdError):
-                    await call
-
-        task = asyncio.ensure_future(in_turn())
-        while not task.done():
-            await self._run_for(STEP_S)
-        task.result()
+    async def _in_turn(self, calls: Sequence[Coroutine[Any, Any, object]]) -> None:
+        """Run ``calls`` one after the other (the clock moves on meanwhile); a call that fails
+        is what a client would see, not a violation."""
+        for call in calls:
+            with contextlib.suppress(LbdError):
+                await call
 
     async def _run_for(self, seconds: float) -> None:
-        end = self.clock.monotonic() + seconds
-        while self.clock.monotonic() < end:
-            self.clock.advance(min(STEP_S, end - self.clock.monotonic()))
-            for _ in range(TURNS):
-                await asyncio.sleep(0)
+        """Let the world run for ``seconds`` of virtual time, then settle the instant."""
+        await self.clock.sleep(seconds)
+        await loop.settle()
 
     # -- faults ----------------------------------------------------------------------------
 
+    def _live(self) -> list[_Node]:
+        return [self._nodes[b] for b in sorted(self._nodes) if self._nodes[b].up]
+
     async def _fault(self, fault: Fault) -> None:
         kind, duration = fault.kind, fault.duration_s
-        node = self._nodes[sorted(self._nodes)[fault.node % len(self._nodes)]]
-        self.note(f"fault {kind} {node.broker.id} for {duration:.1f}s")
-        if kind in _HELD:
-            target = "" if kind in ("etcd-down", "channel-down") else node.broker.id
+        rng = random.Random(f"{self.spec.seed}-{fault}")
+        if kind == "join":
+            await self._join()
+            return
+        live = self._live()
+        if not live:
+            return
+        node = live[fault.node % len(live)]
+        me = node.broker.id
+        self.note(f"fault {kind} {me} for {duration:.1f}s")
+        if kind == "crash-sidecar":
+            await self._crash(node, duration)
+        elif kind in _HELD:
+            target = "" if kind in _CLUSTER_WIDE else me
             self._hold(kind, target, +1)
             await self.clock.sleep(duration)
             self._hold(kind, target, -1)
+        elif kind == "redeliver":
+            self._log.redeliver(rng.randint(1, 5))
+        elif kind == "leave":
+            await self._leave(node)
         else:
-            await self._admin(kind, node, random.Random(f"{self.spec.seed}-{fault}"))
-        self.note(f"fault {kind} {node.broker.id} over")
+            await self._admin(kind, node, rng)
+        self.note(f"fault {kind} {me} over")
 
     def _hold(self, kind: str, target: str, change: int) -> None:
         """Count one more (or one less) fault of ``kind`` on ``target``, and apply whether any
@@ -519,7 +677,6 @@ class World:
         key = (kind, target)
         self._held[key] = self._held.get(key, 0) + change
         on = self._held[key] > 0
-        node = self._nodes.get(BrokerId(target)) if target else None
         if kind == "etcd-down":
             self._metadata.set_reachable(not on)
         elif kind == "channel-down":
@@ -527,19 +684,84 @@ class World:
                 self._log.go_down()
             else:
                 self._log.come_back()
-        elif node is not None and kind == "pause-broker":
-            node.broker.paused = on
-        elif node is not None:
-            # A paused sidecar gets no renewal through either: it shares the cut-off.
-            paused = self._held.get(("pause-sidecar", target), 0) > 0
-            isolated = self._held.get(("isolate-sidecar", target), 0) > 0
-            cut = paused or isolated or self._held.get(("etcd-cut-one", target), 0) > 0
-            node.metadata.set_cut_off(cut)
-            for gate, closed in ((node.gate, paused), (node.channel_gate, paused or isolated)):
-                if closed:
-                    gate.pause()
-                else:
-                    gate.resume(all_=True)
+        elif target:
+            self._apply_held(BrokerId(target))
+
+    def _apply_held(self, me: BrokerId) -> None:
+        """Set the gates and the etcd cut-off of ``me``'s host as the faults on it say."""
+        node = self._nodes.get(me)
+        if node is None:
+            return
+
+        def held(kind: str) -> bool:
+            return self._held.get((kind, me), 0) > 0
+
+        # A paused sidecar gets no renewal through either: it shares the cut-off.
+        paused, isolated = held("pause-sidecar"), held("isolate-sidecar")
+        node.broker.paused = held("pause-broker")
+        node.metadata.set_cut_off(paused or isolated or held("etcd-cut-one"))
+        node.gate.set(paused)
+        node.channel_gate.set(paused or isolated or held("channel-cut-one"))
+
+    async def _crash(self, node: _Node, down_s: float) -> None:
+        """The sidecar dies at once (no goodbye: its etcd lease runs out by itself, its broker
+        sees the session end) and starts again ``down_s`` later from the checkpoint and the
+        channel."""
+        me = node.broker.id
+        before = {b: v.version_id for b, v in node.sidecar.follower.table.items()}
+        node.up = False
+        node.metadata.set_cut_off(True)  # no lease revoked, no registration removed
+        node.channel_gate.set(True)
+        await node.broker.stop()
+        node.gate.set(False)
+        await node.sidecar.close()
+        await self.clock.sleep(down_s)
+        fresh = await self._start_host(me, node.rate)
+        await self._run_for(0.0)
+        for bundle, version in sorted(before.items()):
+            value = fresh.sidecar.follower.get(bundle)
+            if value is not None and value.version_id < version:
+                self._violate(
+                    f"{me} restarted with {bundle} at version {value.version_id} < "
+                    f"{version} before the crash"
+                )
+
+    async def _join(self) -> None:
+        ids = [BrokerId(f"broker-{n}") for n in range(1, MAX_BROKERS + 1)]
+        free = [b for b in ids if b not in self._nodes and b not in self._joining]
+        if not free:
+            return
+        me = free[0]
+        self.note(f"fault join {me}")
+        node = self._gone.get(me)
+        self._joining.add(me)
+        try:
+            await self._start_host(me, None if node is None else node.rate)
+        finally:
+            self._joining.discard(me)
+
+    async def _start_host(self, me: BrokerId, rate: float | None) -> _Node:
+        """Start ``me``'s host, again and again until it starts (as a supervisor would)."""
+        while True:
+            try:
+                return await self._add(me, rate)
+            except LbdError as e:
+                self.note(f"{me} start failed: {e}")
+                await self.clock.sleep(self.spec.timings.retry_s)
+
+    async def _leave(self, node: _Node) -> None:
+        """The broker shuts down, then its sidecar, in order (bundles follow the orphan
+        path)."""
+        if len(self._live()) <= MIN_BROKERS:
+            return
+        me = node.broker.id
+        node.up = False
+        await node.broker.stop()
+        node.gate.set(False)
+        node.channel_gate.set(False)
+        await node.sidecar.close()
+        self._gone[me] = self._nodes.pop(me)
+        self.note(f"{me} left")
 
     async def _admin(self, kind: str, via: _Node, rng: random.Random) -> None:
         owned = sorted(
@@ -549,50 +771,55 @@ class World:
             return
         bundle, owner = rng.choice(owned)
         others = sorted(b for b in self._nodes if b != owner)
+        if kind == "split":
+            at = self._nodes.get(owner)
+            if at is not None and at.up:
+                with contextlib.suppress(LbdError):
+                    await at.sidecar.operations.split(bundle, SplitAlgorithm.RANGE_EQUALLY_DIVIDE)
+            return
         operation = via.sidecar.operations
-        call = (
-            operation.transfer(bundle, rng.choice(others))
-            if kind == "transfer"
-            else operation.unload(bundle)
-        )
-        with contextlib.suppress(LbdError):
-            await call
-        if kind == "unload":
+        if kind == "transfer" and others:
             with contextlib.suppress(LbdError):
-                await via.sidecar.operations.assign(bundle, via.sidecar.me)
+                await operation.transfer(bundle, rng.choice(others))
+        elif kind == "unload":
+            with contextlib.suppress(LbdError):
+                await operation.unload(bundle)
+            with contextlib.suppress(LbdError):
+                await operation.assign(bundle, via.sidecar.me)
 
     async def _heal(self) -> None:
         self._held.clear()
         self._metadata.set_reachable(True)
         self._log.come_back()
-        for node in self._nodes.values():
-            node.metadata.set_cut_off(False)
-            node.gate.resume(all_=True)
-            node.channel_gate.resume(all_=True)
-            node.broker.paused = False
+        for me in list(self._nodes):
+            self._apply_held(me)
         self.note("faults over")
         # Clients look their topics up again: an unloaded bundle (Free) is assigned anew.
         await self._run_for(2.0)
-        nodes = list(self._nodes.values())
+        nodes = self._live()
         lookups = []
-        for n, bundle in enumerate(sorted(self._ever_owned)):
-            value = nodes[0].sidecar.follower.get(bundle)
+        for n, bundle in enumerate(sorted(self._bundles())):
+            value = self._truth.get(bundle)
             if value is None or value.state in (_S.Free, _S.Init):
                 lookups.append(nodes[n % len(nodes)].sidecar.operations.assign(bundle))
-        await self._while_time_runs(lookups)
+        await self._in_turn(lookups)
+
+    def _bundles(self) -> set[BundleId]:
+        """Every bundle that was ever Owned or has a value now."""
+        return self._ever_owned | {b for b, _ in self._truth.items()}
 
     # -- the end ---------------------------------------------------------------------------
 
     def _check_converged(self) -> None:
-        live = [n for n in self._nodes.values()]
+        live = self._live()
         tables = {n.broker.id: dict(n.sidecar.follower.table.items()) for n in live}
-        first = next(iter(tables.values()))
+        truth = dict(self._truth.items())
         for broker, table in tables.items():
-            if table != first:
-                self._violate(f"{broker}'s table differs from the others'")
-        registered = set(next(iter(live)).sidecar.registry.brokers())
-        for bundle in sorted(self._ever_owned):
-            value = first.get(bundle)
+            if table != truth:
+                self._violate(f"{broker}'s table differs from the channel's")
+        registered = set(live[0].sidecar.registry.brokers())
+        for bundle in sorted(self._bundles()):
+            value = truth.get(bundle)
             owner = owner_of(value)
             if value is not None and value.state is _S.Deleted:
                 continue
@@ -602,14 +829,29 @@ class World:
             elif not self._nodes[owner].broker.serves(bundle):
                 self._violate(f"{bundle} Owned by {owner}, which does not serve it")
 
-    def _violate(self, problem: str) -> None:
-        self.note(f"VIOLATION {problem}")
-        self.outcome.violations.append(problem)
-
 
 def run_seed(spec: WorldSpec, faults: tuple[Fault, ...] | None = None) -> Outcome:
-    """Run one world in a fresh event loop (deterministic: nothing else runs on it)."""
-    return asyncio.run(World(spec, faults).run())
+    """Run one world in a fresh event loop on virtual time (deterministic: nothing else runs on
+    it)."""
+    world = World(spec, faults)
+    planted = MUTATIONS[spec.mutation].planted() if spec.mutation else contextlib.nullcontext()
+    with planted:
+        return loop.run(world.clock, world.run)
+
+
+def search_spec(mutation: str, seed: int) -> WorldSpec:
+    """The world ``seed`` of the search that finds ``mutation`` (its faults and timings)."""
+    m = MUTATIONS[mutation]
+    timings = dataclasses.replace(TIMINGS, **m.timings) if m.timings else TIMINGS
+    return WorldSpec(
+        seed,
+        virtual_s=m.virtual_s,
+        mean_fault_gap_s=m.mean_fault_gap_s,
+        fault_s=m.fault_s,
+        faults=m.faults,
+        timings=timings,
+        mutation=mutation,
+    )
 
 
 def shrink(spec: WorldSpec, outcome: Outcome) -> Outcome:

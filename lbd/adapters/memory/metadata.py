@@ -202,13 +202,17 @@ class _MemoryLeases:
 class MemoryMetadataStore:
     """:class:`~lbd.ports.metadata.MetadataStore` on a :class:`MemoryMetadataCluster`."""
 
-    def __init__(self, cluster: MemoryMetadataCluster, policy: SessionPolicy) -> None:
+    def __init__(
+        self, cluster: MemoryMetadataCluster, policy: SessionPolicy, clock: Clock | None = None
+    ) -> None:
+        """``clock``: this client's own (its process's), for its keepalives and the times it
+        reports; the cluster's by default."""
         self._cluster = cluster
         self._cut_off = False
         self._session = LeaseSession(
             _MemoryLeases(cluster, lambda: self._cut_off),
             policy,
-            cluster.clock,
+            clock or cluster.clock,
             self._restore,
             name="memory-session",
         )

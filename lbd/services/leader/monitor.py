@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
 from lbd.core.broker import BrokerInfo
-from lbd.core.bundles import parse_bundle_id
-from lbd.core.errors import LbdError, NotFoundError
+from lbd.core.bundles import parse_bundle_id, split_points
+from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.tuning import MonitorConfig
@@ -230,6 +230,8 @@ class OwnershipMonitor:
         (``Assigning``). The gone broker's sidecar, if it still reads the channel, releases the
         bundle itself meanwhile; if it cannot, its broker's lease has run out by then."""
         if value.state is _S.Splitting and await self._split_progressed(bundle, value):
+            if not await self._cut_layout(bundle, value):
+                return None
             return await self._force(
                 bundle, sweep, "orphan", _S.Deleted, None, server, f"{reason}; finishing the split"
             )
@@ -280,6 +282,8 @@ class OwnershipMonitor:
         src = value.source_broker
         if value.state is _S.Splitting:
             if await self._split_progressed(bundle, value):
+                if not await self._cut_layout(bundle, value):
+                    return None
                 return await self._force(
                     bundle,
                     sweep,
@@ -325,6 +329,22 @@ class OwnershipMonitor:
         )
         await self._written(kind, write)
         return Fix(bundle, kind, state, dst, reason)
+
+    async def _cut_layout(self, bundle: BundleId, value: ServiceUnitStateData) -> bool:
+        """Cut the parent in its namespace layout as the split planned, before the split is
+        finished as Deleted (idempotent: a layout already cut is left alone). A parent Deleted
+        while the layout still held it would leave its children out of every lookup. False
+        (and the split left as it is) when the split's children cannot be laid out."""
+        parsed = parse_bundle_id(bundle)
+        try:
+            at = split_points(bundle, value.split_children or {})
+            await self._namespaces.split(parsed.namespace, parsed.range, at)
+        except NotFoundError:
+            return True  # the namespace, or the parent, is gone from the layout already
+        except InvalidInputError as e:
+            _log.error("cannot finish the split of %s: %s", bundle, e)
+            return False
+        return True
 
     async def _split_progressed(self, bundle: BundleId, value: ServiceUnitStateData) -> bool:
         """Whether a child has a value already, or the namespace layout no longer has the parent

@@ -4,8 +4,10 @@ can be sure nobody else may be given the broker's bundles, and fences once it ca
 It may vouch (grant the broker's serving lease) while either holds:
 
 - **the metadata lease**: renewed less than ``fence_after_s`` ago, and the channel read through
-  once since the current lease was granted. While the lease lives the registration lives, and the
-  leader moves nothing of a registered broker's without this sidecar's own channel writes;
+  once since the current lease was granted and the broker's current registration was written.
+  While the lease lives the registration lives (unless this sidecar withdraws it, for a silent
+  broker), and the leader moves nothing of a registered broker's without this sidecar's own
+  channel writes; what it announced while the broker was not registered, the read shows;
 - **the channel read barrier**: a read barrier on the channel (everything the channel held then
   is applied) began less than ``fence_after_s`` ago. Every move of this broker's bundles that its
   sidecar does not make itself is announced on the channel (``Releasing(src=me)``) and takes
@@ -26,16 +28,18 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from lbd.core.errors import DeadlineError
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.channel.proposals import within
 from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.services.sidecar.registration import BrokerRegistration
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
+
+_MIN_CHECK_GAP_S = 0.01
+"""The shortest wait between two checks (a ground that ends this instant is checked now)."""
 
 
 class Fence:
@@ -47,6 +51,7 @@ class Fence:
         link: BrokerLink,
         clock: Clock,
         follower: ChannelFollower,
+        registration: BrokerRegistration,
         *,
         fence_after_s: float,
         check_interval_s: float,
@@ -60,6 +65,7 @@ class Fence:
         self._link = link
         self._clock = clock
         self._follower = follower
+        self._registration = registration
         self._fence_after_s = fence_after_s
         self._check_interval_s = check_interval_s
         self._fenced = False
@@ -67,7 +73,7 @@ class Fence:
         self._subscribers: set[asyncio.Queue[bool]] = set()
         self._barrier_began: float | None = None
         """When the last completed channel read barrier began (clock-monotonic)."""
-        self._barrier_now = asyncio.Event()
+        self._barrier_failing = False
         self._on_channel_only = False
         self.fencings = 0
         """How many times this sidecar fenced itself."""
@@ -129,7 +135,11 @@ class Fence:
     def _lease_vouches(self) -> bool:
         # Read from the store itself, not from a session event that may not be delivered yet.
         granted = self._metadata.lease_granted_monotonic
-        read_since = self._barrier_began is not None and self._barrier_began >= granted
+        registered = self._registration.registered_since
+        if registered is None:
+            return False  # the leader may be handing the broker's bundles over
+        began = self._barrier_began
+        read_since = began is not None and began >= max(granted, registered)
         return read_since and self._lease_stale_s() < self._fence_after_s
 
     def _channel_vouches(self) -> bool:
@@ -180,32 +190,54 @@ class Fence:
     async def _run(self) -> None:
         while True:
             await self.check()
-            await self._clock.sleep(self._check_interval_s)
+            await self._clock.sleep(self._next_check_s())
+
+    def _next_check_s(self) -> float:
+        """How long until the next check. While fenced, the check interval. While vouching, until
+        the first of the grounds that hold would lapse: no ground can lapse sooner, for lease
+        renewals and barriers only move their ends later, and a new lease (whose grant voids
+        the lease ground until a barrier) runs a check of its own (:meth:`_follow_session`)."""
+        if self._fenced or not self._channel_vouches():
+            # Fenced: look for a ground to unfence. Vouching on the lease alone: a registration
+            # rewritten or withdrawn voids the lease ground at once, so keep looking.
+            return self._check_interval_s
+        ends = []
+        if self._lease_vouches():
+            ends.append(self._metadata.last_renewed_monotonic + self._fence_after_s)
+        if self._channel_vouches() and self._barrier_began is not None:
+            ends.append(self._barrier_began + self._fence_after_s)
+        if not ends:
+            return self._check_interval_s
+        return max(_MIN_CHECK_GAP_S, min(ends) - self._clock.monotonic())
 
     async def _run_barriers(self) -> None:
-        failing = False
         while True:
-            began = self._clock.monotonic()
-            try:
-                # No deadline of its own: one that hangs only leaves the last completed barrier
-                # to age, and cancelling a reader being made would leak it in the client.
-                await self._follower.barrier()
-            except UnavailableError as e:
-                if not failing:
-                    _log.warning("channel read barrier failed: %s", e)
-                failing = True
-            else:
-                if failing:
-                    _log.info("channel read barrier completed again")
-                failing = False
-                self._barrier_began = began
-            self._barrier_now.clear()
-            with contextlib.suppress(DeadlineError):
-                await within(self._clock, self._check_interval_s, self._barrier_now.wait(), "wait")
+            await self._barrier()
+            await self._clock.sleep(self._check_interval_s)
+
+    async def _barrier(self) -> None:
+        """One channel read barrier; when it completes, the time it began vouches."""
+        began = self._clock.monotonic()
+        try:
+            # No deadline of its own: one that hangs only leaves the last completed barrier to
+            # age, and cancelling a reader being made would leak it in the client.
+            await self._follower.barrier()
+        except UnavailableError as e:
+            if not self._barrier_failing:
+                _log.warning("channel read barrier failed: %s", e)
+            self._barrier_failing = True
+        else:
+            if self._barrier_failing:
+                _log.info("channel read barrier completed again")
+            self._barrier_failing = False
+            self._barrier_began = max(began, self._barrier_began or began)
 
     async def _follow_session(self, events: AsyncIterator[SessionEvent]) -> None:
         with contextlib.suppress(SessionExpiredError):  # the SessionWatcher handles that
             async for event in events:
                 if event.kind is SessionEventKind.RECONNECTED:
-                    # A new lease counts only after the next read barrier: run it now.
-                    self._barrier_now.set()
+                    # A new lease counts only after the next read barrier: run one now, and
+                    # look at the grounds again (the lease ground may have ended early).
+                    await self.check()
+                    await self._barrier()
+                    await self.check()

@@ -8,7 +8,10 @@ registration of its own configured info instead.
 A broker that is attached but silent (no report, no lease request, no ack) for
 ``silence_timeout_s`` is deregistered as if it had left, so that its bundles follow the orphan
 path; that is safe because a silent broker asks for no serving lease and has stopped serving by
-then. It is registered again as soon as it is heard from.
+then. It is registered again as soon as it is heard from; the leader may have announced the
+hand-over of its bundles meanwhile, so the fence counts the etcd lease as a ground for vouching only
+after a channel read barrier that began once the new registration was written
+(:attr:`BrokerRegistration.registered_since`).
 
 A registration that meets an outage is retried every ``retry_s`` until it lands; the lease it
 lives under is the metadata session's (:mod:`lbd.adapters.session`), which re-registers it by
@@ -55,6 +58,7 @@ class BrokerRegistration:
         self._retry_s = retry_s
         self._silence_timeout_s = silence_timeout_s
         self._silent = False
+        self._registered_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self._registration: asyncio.Task[None] | None = None
@@ -85,8 +89,20 @@ class BrokerRegistration:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def registered_since(self) -> float | None:
+        """When the current registration was written (clock-monotonic, once the write
+        returned); None while the broker is not registered or its registration is being
+        (re)written.
+
+        Between a deregistration and the next registration the leader may have announced the
+        hand-over of the broker's bundles: the fence's lease ground counts only after a channel
+        read barrier that began after this (docs/safety.md)."""
+        return self._registered_since
+
     async def deregister(self) -> None:
         """Remove the registration now (best effort: it vanishes with the lease anyway)."""
+        self._registered_since = None
         registration, self._registration = self._registration, None
         await cancel_and_wait(registration)
         try:
@@ -132,12 +148,14 @@ class BrokerRegistration:
             info = replace(info, sidecar_grpc_addr=self._self_info.sidecar_grpc_addr)
         if self._registration is not None:
             self._registration.cancel()
+        self._registered_since = None
         self._registration = guard(self._keep_registering(info), name=f"register-{info.broker_id}")
 
     async def _keep_registering(self, info: BrokerInfo) -> None:
         while True:
             try:
                 await self._registry.register(info)
+                self._registered_since = self._clock.monotonic()
                 return
             except UnavailableError as e:
                 _log.warning("registering %s failed, retrying: %s", info.broker_id, e)

@@ -286,6 +286,11 @@ async def test_a_stuck_split_goes_back_to_its_source_or_is_finished() -> None:
         b1 = r.follower.get(B1)
         assert forced(b1) and b1.state is S.Owned and b1.dst_broker == Y
         assert forced(r.follower.get(B2)) and r.follower.get(B2).state is S.Deleted
+        # The split's source never cut the layout: finishing the split cuts it, so the other
+        # child can still be looked up and assigned.
+        layout = (await r.namespaces.refresh(NS)).bundles().bundles()
+        assert {b.id for b in layout} >= set(other_children)
+        assert B2 not in {b.id for b in layout}
 
 
 async def test_old_free_and_deleted_values_are_tombstoned() -> None:
