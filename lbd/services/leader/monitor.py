@@ -274,7 +274,7 @@ class OwnershipMonitor:
 
     async def _unstick(
         self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, reason: str
-    ) -> Fix:
+    ) -> Fix | None:
         """Fix an in-flight value stuck with its server registered, never letting a second
         broker serve: a split is finished or undone, a move to a broker that never finished
         taking the bundle is announced again elsewhere, a move its source never finished is
