@@ -132,6 +132,8 @@ class Metrics:
             ["feature"],
             registry=r,
         )
+        self._resource_usage_children: dict[str, Gauge] = {}
+        """``resource_usage``'s series by feature (a report sets all of them)."""
         self.resource_usage_stats = Gauge(
             "lbd_resource_usage_stats",
             "Average and standard deviation of the brokers' weighted max EMA load, as the "
@@ -266,8 +268,12 @@ class Metrics:
             "bandwidth_in": u.bandwidth_in.percent() / 100.0,
             "bandwidth_out": u.bandwidth_out.percent() / 100.0,
         }
+        children = self._resource_usage_children
         for feature, value in values.items():
-            self.resource_usage.labels(feature=feature).set(value)
+            child = children.get(feature)
+            if child is None:
+                child = children[feature] = self.resource_usage.labels(feature=feature)
+            child.set(value)
 
     def observe_leadership(self, *, leading: bool, term: int | None) -> None:
         """Set the leader gauges: whether this sidecar leads, and the term it knows of."""

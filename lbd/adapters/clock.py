@@ -67,6 +67,20 @@ class ManualClock:
             heapq.heappop(sleepers)
         return sleepers[0][0] if sleepers else None
 
+    def advance_to_next(self, limit: float | None = None) -> bool:
+        """Move time to the earliest pending sleep's deadline (never past ``limit``, when
+        given) and wake what ends then; False when nothing sleeps (time stays)."""
+        deadline = self.next_deadline()
+        if deadline is None:
+            if limit is not None and limit > self._now:
+                self._now = limit
+            return False
+        if limit is not None and limit < deadline:
+            self._now = max(self._now, limit)
+            return True
+        self.advance(max(0.0, deadline - self._now))
+        return True
+
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every sleep whose deadline has passed."""
         if seconds < 0:

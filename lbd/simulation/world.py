@@ -85,7 +85,7 @@ TIMINGS = SidecarTimings(
     fence_after_s=6.0,
     fence_check_interval_s=2.0,
     retry_s=1.0,
-    serving_lease_s=4.0,
+    serving_lease_s=6.0,
     lease_margin_s=2.0,
     silence_timeout_s=12.0,
 )
@@ -104,12 +104,12 @@ CONFIG = SidecarConfig(
     shedding_interval_s=10**9,
     split_interval_s=10**9,
     checkpoint_interval_s=30.0,
-    load_report_interval_s=10.0,
+    load_report_interval_s=30.0,
     default_namespace_bundles=8,
 )
 MAX_DRIFT = 0.01
 """Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,
-``lease_margin_s``, covers far more: 2 s on a 4 s lease)."""
+``lease_margin_s``, covers far more: 2 s on a 6 s lease)."""
 MAX_BROKERS = 5
 """Brokers that join take the ids ``broker-1`` .. ``broker-5`` not in use."""
 MIN_BROKERS = 3
@@ -246,7 +246,8 @@ class _HostClock:
         return self._clock.now_ms() + round((self.monotonic() - self._clock.monotonic()) * 1000)
 
     def monotonic(self) -> float:
-        return self._origin + (self._clock.monotonic() - self._origin) * self._rate
+        origin = self._origin
+        return origin + (self._clock.monotonic() - origin) * self._rate
 
     async def sleep(self, seconds: float) -> None:
         await self._clock.sleep(seconds / self._rate)
@@ -356,15 +357,19 @@ class SimulatedBroker:
         self.serving.clear()
 
     async def _incoming(self) -> AsyncIterator[BrokerMessage]:
-        while (message := await self._outgoing.get()) is not None:
-            await self._gate.wait()  # a paused sidecar reads nothing
+        gate, outgoing = self._gate, self._outgoing
+        while (message := await outgoing.get()) is not None:
+            if gate.paused:
+                await gate.wait()  # a paused sidecar reads nothing
             yield message
 
     async def _run(self, session: Callable[[AsyncIterator[BrokerMessage]], Any]) -> None:
         with contextlib.suppress(LbdError):
             async with contextlib.aclosing(session(self._incoming())) as commands:
+                gate = self._gate
                 async for message in commands:
-                    await self._gate.wait()  # nor does it send anything
+                    if gate.paused:
+                        await gate.wait()  # nor does it send anything
                     self._handle(message)
         self.serving.clear()  # the session ended: it serves nothing
 
@@ -386,8 +391,11 @@ class SimulatedBroker:
         command = message.command
         match command:
             case ServingLease():
-                self.lease.grant(command, self.clock.monotonic())
-                self._world.check_broker(self)
+                now = self.clock.monotonic()
+                was_valid = self.lease.valid(now)
+                self.lease.grant(command, now)
+                if not was_valid:  # serving again: what it serves must still be its own
+                    self._world.check_broker(self)
                 return
             case OwnCommand(bundle=bundle):
                 self.serving.add(bundle)
@@ -418,9 +426,13 @@ class _Node:
 class World:
     """One seeded run; :meth:`run` returns its :class:`Outcome`."""
 
-    def __init__(self, spec: WorldSpec, faults: tuple[Fault, ...] | None = None) -> None:
-        """``faults``: the schedule to run (default: the seed's own, :func:`schedule`)."""
+    def __init__(
+        self, spec: WorldSpec, faults: tuple[Fault, ...] | None = None, *, trace: bool = True
+    ) -> None:
+        """``faults``: the schedule to run (default: the seed's own, :func:`schedule`);
+        ``trace``: keep the trace (a run without it finds the same violations, faster)."""
         self.spec = spec
+        self._tracing = trace
         self.lease_off = spec.mutation == "lease-off"
         self.rng = random.Random(spec.seed)
         self.clock = ManualClock()
@@ -443,7 +455,8 @@ class World:
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
-        self.outcome.trace.append(f"{self.clock.monotonic() - 1000.0:9.2f} {line}")
+        if self._tracing:
+            self.outcome.trace.append(f"{self.clock.monotonic() - 1000.0:9.2f} {line}")
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -830,10 +843,12 @@ class World:
                 self._violate(f"{bundle} Owned by {owner}, which does not serve it")
 
 
-def run_seed(spec: WorldSpec, faults: tuple[Fault, ...] | None = None) -> Outcome:
+def run_seed(
+    spec: WorldSpec, faults: tuple[Fault, ...] | None = None, *, trace: bool = True
+) -> Outcome:
     """Run one world in a fresh event loop on virtual time (deterministic: nothing else runs on
-    it)."""
-    world = World(spec, faults)
+    it); ``trace``: keep its trace."""
+    world = World(spec, faults, trace=trace)
     planted = MUTATIONS[spec.mutation].planted() if spec.mutation else contextlib.nullcontext()
     with planted:
         return loop.run(world.clock, world.run)
