@@ -105,6 +105,14 @@ class Bundle:
         """The canonical id, ``tenant/namespace/0x%08x_0x%08x``."""
         return BundleId(f"{self.namespace}/{self.range}")
 
+    def overlaps(self, other: Bundle) -> bool:
+        """Whether a topic can hash into both: one namespace, intersecting ranges (a split
+        parent overlaps each of its children)."""
+        if self.namespace != other.namespace:
+            return False
+        a, b = self.range, other.range
+        return a.lo < b.hi + b.includes_upper and b.lo < a.hi + a.includes_upper
+
     def __str__(self) -> str:
         return self.id
 

@@ -50,7 +50,7 @@ from lbd.core.broker import (
     ServingLease,
     SidecarMessage,
 )
-from lbd.core.bundles import SplitAlgorithm
+from lbd.core.bundles import SplitAlgorithm, parse_bundle_id
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
@@ -452,6 +452,8 @@ class World:
         self._held: dict[tuple[str, str], int] = {}
         self._starting: set[BrokerId] = set()
         self._joining: set[BrokerId] = set()
+        self._ranges: dict[BundleId, tuple[int, int]] = {}
+        self._namespaces: dict[str, int] = {}
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
@@ -461,13 +463,32 @@ class World:
     # -- invariants --------------------------------------------------------------------------
 
     def starts_serving(self, broker: SimulatedBroker, bundle: BundleId) -> None:
-        """Checked as ``broker`` is told to own ``bundle``: nobody else serves it, and the
-        channel names ``broker`` its server."""
+        """Checked as ``broker`` is told to own ``bundle``: nobody else serves it or a bundle
+        whose range overlaps it, and the channel names ``broker`` its server."""
+        lo, hi = self._range(bundle)
         for other in self._nodes.values():
-            if other.broker is not broker and other.broker.serves(bundle):
-                self._violate(f"{broker.id} told to own {bundle} while {other.broker.id} serves it")
+            if other.broker is broker:
+                continue
+            for theirs in other.broker.serving:
+                their_lo, their_hi = self._range(theirs)
+                if their_lo < hi and lo < their_hi and other.broker.serves(theirs):
+                    what = "it" if theirs == bundle else f"the overlapping {theirs}"
+                    self._violate(
+                        f"{broker.id} told to own {bundle} while {other.broker.id} serves {what}"
+                    )
         self.note(f"{broker.id} owns {bundle}")
         self._check_serving(broker, bundle)
+
+    def _range(self, bundle: BundleId) -> tuple[int, int]:
+        """``bundle``'s hash range as ``[lo, hi)`` (ranges of one namespace only meet)."""
+        found = self._ranges.get(bundle)
+        if found is None:
+            parsed = parse_bundle_id(bundle)
+            spaces = self._namespaces
+            offset = spaces.setdefault(str(parsed.namespace), len(spaces)) * 2**33  # apart
+            hi = parsed.range.hi + (1 if parsed.range.includes_upper else 0)
+            found = self._ranges[bundle] = (offset + parsed.range.lo, offset + hi)
+        return found
 
     def check_broker(self, broker: SimulatedBroker) -> None:
         """Checked as ``broker`` gets a serving lease: the channel names it the server of every

@@ -171,12 +171,21 @@ class Fence:
             self._on_channel_only = on_channel_only
             if on_channel_only:
                 _log.warning(
-                    "broker %s: lease not renewed for %.1fs; vouching on the channel read "
-                    "barrier (no move of its bundles can take effect unseen)",
+                    "broker %s: %s; vouching on the channel read barrier (no move of its "
+                    "bundles can take effect unseen)",
                     self._link.me,
-                    self._lease_stale_s(),
+                    self._why_not_lease(),
                 )
         return self._fenced
+
+    def _why_not_lease(self) -> str:
+        """Why the lease ground does not hold now."""
+        if self._registration.registered_since is None:
+            return "its registration is being written"
+        stale_s = self._lease_stale_s()
+        if stale_s >= self._fence_after_s:
+            return f"lease not renewed for {stale_s:.1f}s"
+        return "no channel read since its lease or registration began"
 
     def _barrier_age_s(self) -> float:
         began = self._barrier_began

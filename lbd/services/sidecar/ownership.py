@@ -24,7 +24,7 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, server_of
 from lbd.core.table import ApplyResult
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
@@ -266,6 +266,7 @@ class OwnershipReactor:
 
     async def _release(self, bundle: BundleId, value: ServiceUnitStateData) -> None:
         if self._released.get(bundle) != value.version_id:
+            await self._close_overlapping(bundle)
             dst = value.dst_broker
             new_owner = None if dst is None else (self._registry.get(dst) or BrokerInfo(dst))
             started = self._clock.monotonic()
@@ -289,6 +290,22 @@ class OwnershipReactor:
         else:
             await self._propose_next(bundle, value, _S.Free, src=self._me)
 
+    def _still_mine(self, child: ServiceUnitStateData | None) -> bool:
+        """Whether a split's child is still this broker's to take: no value yet, or Owned by
+        or being assigned to this broker (not moving away)."""
+        return child is None or (
+            child.state in (_S.Owned, _S.Assigning) and child.dst_broker == self._me
+        )
+
+    async def _close_overlapping(self, bundle: BundleId) -> None:
+        """Stop serving every other bundle whose range overlaps ``bundle`` (the parent of a split
+        in progress): the broker would otherwise still serve ``bundle``'s topics through it
+        once ``bundle`` has gone elsewhere."""
+        whole = parse_bundle_id(bundle)
+        for other in sorted(self._link.served()):
+            if other != bundle and parse_bundle_id(other).overlaps(whole):
+                await self._link.close_bundle(other, f"{bundle}, which it overlaps, is moving")
+
     async def _finish_split(self, parent: BundleId, value: ServiceUnitStateData) -> None:
         children = dict(value.split_children or {})
         try:
@@ -308,16 +325,19 @@ class OwnershipReactor:
         self, parent: BundleId, value: ServiceUnitStateData, children: list[BundleId], at: list[int]
     ) -> None:
         # Children are Owned before the namespace layout shows them: a sidecar that reads the
-        # new layout then can never find a child unowned and assign it to another broker.
-        owned = await asyncio.gather(*(self._link.own(child) for child in children))
+        # new layout then can never find a child unowned and assign it to another broker. A
+        # child that has a value naming another broker moved on (the leader handed it over
+        # while this split waited): it is never taken back.
+        mine = [c for c in children if self._still_mine(self._follower.get(c))]
+        owned = await asyncio.gather(*(self._link.own(child) for child in mine))
         if not all(owned):
             _log.warning("%s: the broker did not take every child; split not finished", parent)
             return
-        for child in children:
+        for child in mine:
             if owner_of(self._follower.get(child)) == self._me:
                 continue
             await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
-        lost = [c for c in children if owner_of(self._follower.get(c)) != self._me]
+        lost = [c for c in children if server_of(self._follower.get(c)) is None]
         if lost:
             _log.error(
                 "%s: children %s are not Owned by %s; split not finished", parent, lost, self._me

@@ -7,8 +7,8 @@ import dataclasses
 from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
 from rig import QUIET, settle, turns
 
-from lbd.core.bundles import NamespaceBundles
-from lbd.core.state import ServiceUnitState
+from lbd.core.bundles import NamespaceBundles, bundle_id, parse_bundle_id
+from lbd.core.state import ServiceUnitState, state_of
 from lbd.core.tuning import MonitorConfig
 
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
@@ -181,3 +181,36 @@ async def test_a_silent_broker_is_deregistered_and_its_bundles_move_after_its_le
         assert h.violations == []
         b.broker.paused = False
         await settle(h.clock, lambda: a.registry.get(b.me) is not None, seconds=10)
+
+
+async def test_a_child_moved_away_during_a_split_takes_its_parent_off_the_broker() -> None:
+    """A split waits for the namespace layout (its sidecar is cut off etcd) while the leader
+    hands one child to another broker: the splitting broker stops serving the parent, whose range
+    covers that child, before it releases the child, and never takes the child back when the
+    split is retried."""
+    parent = parse_bundle_id(B0)
+    middle = (parent.range.lo + parent.range.hi) // 2
+    lo = bundle_id(parent.namespace, parent.range.lo, middle)
+    hi = bundle_id(parent.namespace, middle, parent.range.hi)
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.proposer.propose(B0, S.Assigning, dst=a.me)
+        await h.idle()
+        a.metadata.set_cut_off(True)  # the layout cannot be cut: the split waits
+        await a.proposer.propose(B0, S.Splitting, src=a.me, split_children={lo: a.me, hi: a.me})
+        await turns(lambda: a.served() >= {lo, hi})
+        assert B0 in a.broker.serving and a.follower.get(B0).state is S.Splitting
+        # The leader's announcement, then the hand-over.
+        await b.proposer.propose(lo, S.Releasing, src=a.me, dst=b.me, force=True, leader_term=1)
+        await turns(lambda: lo in b.broker.serving)
+        events = [(e.broker, e.kind, e.bundle) for e in h.events]
+        assert events.index(("a", "close", B0)) < events.index(("a", "release", lo))
+        assert B0 not in a.broker.serving and lo not in a.broker.serving
+        assert h.violations == []
+        a.metadata.set_cut_off(False)  # the split finishes without taking the child back
+        await turns(lambda: state_of(a.follower.get(B0)) is S.Deleted)
+        await h.idle()
+        assert h.kinds(lo) == [("a", "own"), ("a", "release"), ("b", "own")]
+        assert a.broker.serving == {hi} and b.broker.serving == {lo}
