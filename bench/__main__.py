@@ -62,6 +62,9 @@ def main() -> None:
         with console.status(f"simulation: {seeds} seeds of 10 virtual minutes..."):
             result = sim_bench.run(seeds=seeds)
         console.print(measurements_table("deterministic simulation (lbd sim check)", result))
+        with console.status("simulation: searching for each planted bug..."):
+            found = sim_bench.mutations(limit=20 if args.quick else 100)
+        console.print(measurements_table("planted bugs: first seed that finds each", found))
 
 
 if __name__ == "__main__":

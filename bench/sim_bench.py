@@ -2,12 +2,15 @@
 
 ``python -m bench.sim_bench [--seeds N] [--jobs J]`` runs N seeds of ten virtual minutes each
 (3 to 5 brokers, every kind of fault) over J processes, the way ``lbd sim check`` does, and
-prints seeds per second, virtual time per seed, and what 10,000 seeds would take at that rate.
+prints seeds per second, virtual time per seed, and what 10,000 seeds would take at that rate;
+then, for each planted bug (:mod:`lbd.simulation.mutations`), the first seed of its search that
+finds it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import multiprocessing
 import os
@@ -17,7 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 from rich.console import Console
 
 from bench.report import measurements_table
-from lbd.simulation.world import WorldSpec, run_seed
+from lbd.simulation.mutations import MUTATIONS
+from lbd.simulation.world import WorldSpec, run_seed, search_spec
 
 VIRTUAL_S = 600.0
 
@@ -27,24 +31,41 @@ def _quiet() -> None:
 
 
 def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
-    """Run ``seeds`` seeds; rates and times."""
+    """Run ``seeds`` seeds the way ``lbd sim check --seeds`` does (no trace); rates and
+    times."""
     jobs = jobs or os.cpu_count() or 1
     specs = [WorldSpec(seed, virtual_s=VIRTUAL_S) for seed in range(1, seeds + 1)]
+    check = functools.partial(run_seed, trace=False)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet) as pool:
-        list(pool.map(run_seed, specs[:jobs]))  # start the workers (imports) before timing
+        list(pool.map(check, specs[:jobs]))  # start the workers (imports) before timing
         started = time.perf_counter()
-        outcomes = list(pool.map(run_seed, specs, chunksize=4))
+        outcomes = list(pool.map(check, specs, chunksize=4))
         took = time.perf_counter() - started
     return {
         "seeds": float(seeds),
         "processes": float(jobs),
         "virtual_s_per_seed": VIRTUAL_S,
+        "faults_per_seed": sum(len(o.faults) for o in outcomes) / seeds,
         "failed_seeds": float(sum(not o.ok for o in outcomes)),
         "seeds_per_s": seeds / took,
         "virtual_s_per_wall_s": seeds * VIRTUAL_S / took,
         "projected_10k_seeds_min": 10_000 / (seeds / took) / 60,
     }
+
+
+def mutations(*, limit: int = 100) -> dict[str, float]:
+    """For each planted bug, the first seed of its search that finds it (0: not found within
+    ``limit`` seeds)."""
+    _quiet()
+    found: dict[str, float] = {}
+    for name in sorted(MUTATIONS):
+        found[f"{name}: found at seed"] = 0.0
+        for seed in range(1, limit + 1):
+            if not run_seed(search_spec(name, seed), trace=False).ok:
+                found[f"{name}: found at seed"] = float(seed)
+                break
+    return found
 
 
 def main() -> None:
@@ -57,6 +78,9 @@ def main() -> None:
     with console.status(f"simulation: {args.seeds} seeds..."):
         result = run(seeds=args.seeds, jobs=args.jobs)
     console.print(measurements_table("deterministic simulation", result))
+    with console.status("planted bugs: searching..."):
+        found = mutations()
+    console.print(measurements_table("planted bugs (0: not found in 100 seeds)", found))
 
 
 if __name__ == "__main__":
