@@ -10,7 +10,8 @@ end of every lease it granted by ``answer time + duration`` without sharing a cl
 broker.
 
 When the lease runs out the broker stops serving everything and forgets what it was told to
-own: it serves again only bundles it is told to Own after a new lease. Each lapse increments
+own: it serves again only bundles it is told to Own after a new lease, and a lease that ran out
+is renewed only once the broker has noted the lapse. Each lapse increments
 :attr:`BrokerLease.lapses`, which every request carries, so that the sidecar learns that the
 broker dropped its bundles even when it never saw the lease run out.
 """
@@ -47,7 +48,12 @@ class BrokerLease:
 
     def grant(self, lease: ServingLease, now: float) -> bool:
         """Take the sidecar's answer; whether it extended the lease. A grant for a request this
-        broker did not send, or already superseded, extends nothing."""
+        broker did not send, or already superseded, extends nothing; nor does one that finds
+        the lease run out but its lapse not yet noted (a broker that was paused reads the grant
+        and its own lease check at once): the broker must first drop everything
+        (:meth:`lapse_if_due`), or it would serve on with what it was told before the lapse."""
+        if self._valid_until is not None and now >= self._valid_until:
+            return False
         sent = self._sent.get(lease.sequence)
         if sent is None:
             return False

@@ -12,7 +12,8 @@ Faults, at random times in the first two thirds of the run:
 - a sidecar paused (its clock, its channel reads and writes and its broker's messages wait; its
   etcd session gets no renewal through, as for a frozen process) and resumed;
 - a sidecar isolated: running, its broker attached, but cut off from etcd and the channel;
-- a broker paused (it answers nothing, asks for no lease; its own clock runs on);
+- a broker paused (it reads and answers nothing until it resumes, asks for no lease; its own
+  clock runs on);
 - etcd unreachable for everyone, or for one sidecar only;
 - the channel unavailable for everyone;
 - an admin Transfer or Unload.
@@ -318,8 +319,9 @@ class SimulatedBroker:
         self.info = info
         self.serving: set[BundleId] = set()
         self.lease = BrokerLease()
-        self.paused = False
         self.clock = clock
+        self._frozen = _Gate()
+        """Closed while the broker is paused."""
         self._world = world
         self._gate = _Gate()
         self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
@@ -328,6 +330,16 @@ class SimulatedBroker:
     @property
     def id(self) -> BrokerId:
         return self.info.broker_id
+
+    @property
+    def paused(self) -> bool:
+        """Whether the broker is frozen: it reads nothing (its stream keeps what comes, in
+        order, for when it resumes), sends nothing and asks for no lease."""
+        return self._frozen.paused
+
+    @paused.setter
+    def paused(self, paused: bool) -> None:
+        self._frozen.set(paused)
 
     def serves(self, bundle: BundleId) -> bool:
         """Whether it serves ``bundle`` now: told to own it, and (unless the lease is switched
@@ -366,10 +378,12 @@ class SimulatedBroker:
     async def _run(self, session: Callable[[AsyncIterator[BrokerMessage]], Any]) -> None:
         with contextlib.suppress(LbdError):
             async with contextlib.aclosing(session(self._incoming())) as commands:
-                gate = self._gate
+                gate, frozen = self._gate, self._frozen
                 async for message in commands:
                     if gate.paused:
                         await gate.wait()  # nor does it send anything
+                    if frozen.paused:
+                        await frozen.wait()  # read on resume, in order
                     self._handle(message)
         self.serving.clear()  # the session ended: it serves nothing
 
@@ -386,8 +400,6 @@ class SimulatedBroker:
                 self.serving.clear()
 
     def _handle(self, message: SidecarMessage) -> None:
-        if self.paused:
-            return  # read on resume, too late to matter: lost
         command = message.command
         match command:
             case ServingLease():
@@ -463,8 +475,16 @@ class World:
     # -- invariants --------------------------------------------------------------------------
 
     def starts_serving(self, broker: SimulatedBroker, bundle: BundleId) -> None:
-        """Checked as ``broker`` is told to own ``bundle``: nobody else serves it or a bundle
-        whose range overlaps it, and the channel names ``broker`` its server."""
+        """Checked as ``broker`` is told to own ``bundle`` (when it holds a valid lease: without
+        one it serves nothing yet, and :meth:`check_broker` looks again once it has one): nobody
+        else serves it or a bundle whose range overlaps it, and the channel names ``broker`` its
+        server."""
+        self.note(f"{broker.id} owns {bundle}")
+        self._check_alone(broker, bundle)
+
+    def _check_alone(self, broker: SimulatedBroker, bundle: BundleId) -> None:
+        if not broker.serves(bundle):
+            return
         lo, hi = self._range(bundle)
         for other in self._nodes.values():
             if other.broker is broker:
@@ -476,7 +496,6 @@ class World:
                     self._violate(
                         f"{broker.id} told to own {bundle} while {other.broker.id} serves {what}"
                     )
-        self.note(f"{broker.id} owns {bundle}")
         self._check_serving(broker, bundle)
 
     def _range(self, bundle: BundleId) -> tuple[int, int]:
@@ -491,10 +510,10 @@ class World:
         return found
 
     def check_broker(self, broker: SimulatedBroker) -> None:
-        """Checked as ``broker`` gets a serving lease: the channel names it the server of every
-        bundle it serves."""
+        """Checked as ``broker`` gets a serving lease again: every bundle it serves is its own
+        by the channel, and nobody else serves it."""
         for bundle in sorted(broker.serving):
-            self._check_serving(broker, bundle)
+            self._check_alone(broker, bundle)
 
     def _check_serving(self, broker: SimulatedBroker, bundle: BundleId) -> None:
         if not broker.serves(bundle):

@@ -60,3 +60,18 @@ def test_a_lapse_is_noted_once_and_counted_in_the_next_requests() -> None:
 def test_a_request_outside_its_domain_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="sequence must be >= 1"):
         LeaseRequest(0)
+
+
+def test_a_lease_that_ran_out_is_renewed_only_after_its_lapse_is_noted() -> None:
+    # A broker paused past its lease reads a fresh grant before its own lease check: the grant
+    # must not revive the lease, or the broker would serve on with what it owned before.
+    lease = BrokerLease()
+    lease.request(now=0.0)
+    lease.grant(ServingLease(1, 1_000), now=0.1)
+    lease.request(now=5.0)
+    assert not lease.grant(ServingLease(2, 10_000), now=5.1)
+    assert not lease.valid(5.1)
+    assert lease.lapse_if_due(5.2) and lease.lapses == 1
+    lease.request(now=5.3)
+    assert lease.grant(ServingLease(3, 10_000), now=5.4)
+    assert lease.valid(5.4)

@@ -20,7 +20,6 @@ FOUND = {
     "lease-off": "serves it",
     "no-wait-out": "serves",
     "stale-table-vouch": "serves",
-    "no-reown": "does not serve it",
     "no-handover-wait": "serves",
 }
 """Each bug the simulation must find, and what its first violation says."""

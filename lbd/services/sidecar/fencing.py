@@ -28,6 +28,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from lbd.core.state import ServiceUnitState, server_of
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
@@ -126,8 +127,34 @@ class Fence:
 
     def vouches(self) -> bool:
         """Whether the sidecar may vouch for its broker's ownership (grant its serving lease)
-        now: not fenced, and the metadata lease or the channel read barrier is recent enough."""
-        return not self._fenced and (self._lease_vouches() or self._channel_vouches())
+        now: not fenced, the metadata lease or the channel read barrier is recent enough, and
+        the broker serves nothing the table gives to another. An Own sent on a table read before
+        a pause (a split's retry, say) must not gain a lease: the reactor closes such a bundle,
+        and the lease is granted again once it has (or, failing that, once the broker's lease
+        ran out and it forgot everything)."""
+        return (
+            not self._fenced
+            and (self._lease_vouches() or self._channel_vouches())
+            and self._serves_only_its_own()
+        )
+
+    def _serves_only_its_own(self) -> bool:
+        """Whether every bundle the broker serves names it server in the table (or is a child,
+        with no value yet, of a split of its own)."""
+        table, me = self._follower.table, self._link.me
+        for bundle in self._link.served():
+            value = table.get(bundle)
+            if server_of(value) == me:
+                continue
+            if value is None and any(
+                v.state is ServiceUnitState.Splitting
+                and v.source_broker == me
+                and bundle in (v.split_children or {})
+                for _, v in table.items()
+            ):
+                continue
+            return False
+        return True
 
     def _lease_stale_s(self) -> float:
         return self._clock.monotonic() - self._metadata.last_renewed_monotonic
