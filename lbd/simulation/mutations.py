@@ -37,6 +37,8 @@ class Mutation:
     """Changes to the world's timings for its search (none when None)."""
     mean_fault_gap_s: float = 20.0
     fault_s: tuple[float, float] = (1.0, 45.0)
+    orphan_grace_s: float | None = None
+    """``monitor.orphan_cleanup_grace_s`` for its search (the world's when None)."""
     virtual_s: float = 600.0
 
     @contextlib.contextmanager
@@ -129,7 +131,12 @@ MUTATIONS: dict[str, Mutation] = {
             "the leader hands a gone broker's bundle over as soon as it announced the move, "
             "not after the hand-over wait",
             patches=((SidecarTimings, "handover_wait_s", property(_no_handover_wait)),),
-            faults=("etcd-cut-one", "isolate-sidecar"),
+            faults=("isolate-sidecar", "pause-sidecar"),
+            # The grace is kept longer than fencing plus the serving lease as a second margin:
+            # the search takes that margin away (a short grace, a long serving lease) to show
+            # what the hand-over wait alone does.
+            timings={"serving_lease_s": 20.0, "silence_timeout_s": 30.0},
+            orphan_grace_s=2.0,
         ),
     )
 }

@@ -1,32 +1,30 @@
-"""A simulated world: real sidecars under one virtual clock, with faults chosen by a seed.
+"""A simulated world: real sidecars under virtual time, with faults chosen by a seed.
 
 Every sidecar is built by :func:`lbd.services.graph.build_sidecar`, the wiring ``lbd serve`` uses,
-on the in-memory ports (one "etcd", one state channel, one pair of load topics), and each holds a
-session with a simulated broker that obeys the broker contract, serving lease included. One
-``random.Random(seed)`` makes every choice (the brokers, the faults, their times, the sidecars'
-own random numbers), and time is a :class:`~lbd.adapters.clock.ManualClock` moved only by the
-world, so a seed always gives the same run: :attr:`World.trace` is the same, line for line.
+on the in-memory ports (one "etcd", one state channel, one pair of load topics, one checkpoint
+store), and each holds a session with a simulated broker that obeys the broker contract, serving
+lease included. One ``random.Random(seed)`` makes every choice (the brokers, the faults, their
+times, the hosts' clock rates, the sidecars' own random numbers), and time is a
+:class:`~lbd.adapters.clock.ManualClock` that the event loop of :mod:`lbd.simulation.loop` moves
+from deadline to deadline, so a seed always gives the same run: :attr:`Outcome.trace` is the same,
+line for line.
 
-Faults, at random times in the first two thirds of the run:
+Faults (:data:`FAULTS`), at random times in the first two thirds of the run, overlapping: a
+sidecar paused, isolated, crashed and restarted, or cut off etcd or the channel alone; a broker
+paused; etcd or the channel down for everyone; the channel delivering its last messages again;
+brokers joining and leaving; admin Transfer, Unload and Split.
 
-- a sidecar paused (its clock, its channel reads and writes and its broker's messages wait; its
-  etcd session gets no renewal through, as for a frozen process) and resumed;
-- a sidecar isolated: running, its broker attached, but cut off from etcd and the channel;
-- a broker paused (it reads and answers nothing until it resumes, asks for no lease; its own
-  clock runs on);
-- etcd unreachable for everyone, or for one sidecar only;
-- the channel unavailable for everyone;
-- an admin Transfer or Unload.
-
-Invariants: at no instant do two brokers serve one bundle (checked whenever a broker starts to
-serve one, against every other broker's serving set and lease); once the faults stop, every bundle
-that was ever Owned is Owned by a registered broker within the orphan bound, and every sidecar's
-table is the same.
+Invariants, checked as the world runs against the channel itself: no two brokers serve one bundle
+or overlapping ones at one instant; a broker serves only what the channel names it server of;
+versions only grow (and survive a crash); no vital task dies and none outlives its component; and
+once the faults stop, every bundle is Owned by a registered broker that serves it within the orphan
+bound, with every sidecar's table equal to the channel's. See docs/simulation.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import random
@@ -46,6 +44,7 @@ from lbd.core.broker import (
     CloseCommand,
     CommandAck,
     Hello,
+    LoadReport,
     OwnCommand,
     ReleaseCommand,
     ServingLease,
@@ -55,10 +54,16 @@ from lbd.core.bundles import SplitAlgorithm, parse_bundle_id
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
-from lbd.core.load import BrokerUsage, ResourceUsage
+from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, server_of
 from lbd.core.table import ChannelPosition, StateTable
-from lbd.core.tuning import MonitorConfig, SidecarConfig, SidecarTimings
+from lbd.core.tuning import (
+    MonitorConfig,
+    SheddingConfig,
+    SidecarConfig,
+    SidecarTimings,
+    SplitConfig,
+)
 from lbd.ports.channel import ChannelMessage
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
@@ -84,33 +89,44 @@ TIMINGS = SidecarTimings(
     release_ack_timeout_s=3.0,
     settle_timeout_s=10.0,
     fence_after_s=6.0,
-    fence_check_interval_s=2.0,
+    fence_check_interval_s=3.0,
     retry_s=1.0,
-    serving_lease_s=6.0,
+    serving_lease_s=8.0,
     lease_margin_s=2.0,
     silence_timeout_s=12.0,
 )
-"""Twice the dev cluster's short timings (a fifth of the defaults): ten virtual minutes see
-many leases and graces lapse."""
-LEASE_TTL_S = 6
-KEEPALIVE_S = 2.0
+"""Between the dev cluster's short timings and the defaults (about a third of them): ten
+virtual minutes see many leases and graces lapse."""
+LEASE_TTL_S = 9
+KEEPALIVE_S = 3.0
 CONFIG = SidecarConfig(
     timings=TIMINGS,
     monitor=MonitorConfig(
-        interval_s=2.0,
+        interval_s=3.0,
         inflight_timeout_s=16.0,
         tombstone_after_s=3600.0,
-        orphan_cleanup_grace_s=14.0,
+        orphan_cleanup_grace_s=16.0,
     ),
-    shedding_interval_s=10**9,
-    split_interval_s=10**9,
+    shedding=SheddingConfig(
+        target_std=0.04,
+        hit_count_threshold=1,
+        cooldown_s=60,
+        bundle_grace_period_s=60,
+        load_data_ttl_s=150,
+        min_throughput_threshold=1.0,
+    ),
+    shedding_interval_s=60.0,
+    split=SplitConfig(max_msg_rate=5_000.0, hit_count_threshold=1, max_bundles_per_namespace=24),
+    split_interval_s=30.0,
     checkpoint_interval_s=30.0,
-    load_report_interval_s=30.0,
+    load_report_interval_s=60.0,
     default_namespace_bundles=8,
 )
+REPORT_S = 8.0
+"""A broker reports its load this often (well within the sidecar's ``silence_timeout_s``)."""
 MAX_DRIFT = 0.01
 """Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,
-``lease_margin_s``, covers far more: 2 s on a 6 s lease)."""
+``lease_margin_s``, covers far more: 2 s on an 8 s lease)."""
 MAX_BROKERS = 5
 """Brokers that join take the ids ``broker-1`` .. ``broker-5`` not in use."""
 MIN_BROKERS = 3
@@ -124,6 +140,8 @@ ORPHAN_BOUND_S = (
 )
 """A gone broker's bundles are Owned again within this (with time for a lookup to assign a freed
 one)."""
+LOOKUP_ATTEMPTS = 15
+"""How often a client looks a freed bundle up after the faults, a couple of seconds apart."""
 MAX_VIOLATIONS = 20
 """A run stops recording violations after this many (the first say what went wrong)."""
 
@@ -140,7 +158,7 @@ class WorldSpec:
     faults: tuple[str, ...] = ()
     """Only these kinds of fault (all when empty): see :data:`FAULTS`."""
     timings: SidecarTimings = TIMINGS
-    orphan_grace_s: float = 14.0
+    orphan_grace_s: float = 16.0
     """``monitor.orphan_cleanup_grace_s``."""
     fault_s: tuple[float, float] = (1.0, 45.0)
     """How long a fault that holds lasts: uniform between these, in virtual seconds."""
@@ -161,6 +179,7 @@ FAULTS = (
     "redeliver",
     "join",
     "leave",
+    "load-swing",
     "transfer",
     "unload",
     "split",
@@ -204,6 +223,9 @@ class Outcome:
     faults: tuple[Fault, ...] = ()
     violations: list[str] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
+    balancing: dict[str, int] = field(default_factory=dict)
+    """What the load balancer did on its own: bundles the split scheduler split
+    (``scheduled_splits``) and bundles the shedder unloaded or transferred (``shed``)."""
 
     @property
     def ok(self) -> bool:
@@ -310,6 +332,68 @@ class _SimulatedHost:
         return BrokerUsage(cpu=ResourceUsage(self._cpu, 100.0))
 
 
+class _Traffic:
+    """The messages the cluster carries: a fixed set of topics, each at a hash position with a
+    seeded rate, so that a bundle carries what its range holds (a split divides it as a real one
+    does), and load swings that make one topic hot for a while."""
+
+    TOPICS = 200
+    CAPACITY_MSG_S = 10_000.0
+    """A broker's CPU is at 100 % at this many messages per second."""
+
+    def __init__(self, rng: random.Random) -> None:
+        topics = sorted(
+            (rng.randrange(2**32), rng.uniform(10.0, 200.0)) for _ in range(self.TOPICS)
+        )
+        self._hashes = [h for h, _ in topics]
+        self._rates = [r for _, r in topics]
+        self._hot: dict[int, float] = {}
+        self._loads: dict[BundleId, BundleLoad] = {}
+        """What each bundle carries, until the next swing."""
+
+    def swing(self, topic: int, factor: float) -> None:
+        """Make ``topic`` (an index) ``factor`` times busier (1: back to normal)."""
+        if factor == 1.0:
+            self._hot.pop(topic, None)
+        else:
+            self._hot[topic] = factor
+        self._loads.clear()
+
+    def load(self, bundle: BundleId) -> BundleLoad:
+        """What ``bundle`` carries now."""
+        found = self._loads.get(bundle)
+        if found is not None:
+            return found
+        r = parse_bundle_id(bundle).range
+        first = bisect.bisect_left(self._hashes, r.lo)
+        end = r.hi + 1 if r.includes_upper else r.hi
+        last = bisect.bisect_left(self._hashes, end)
+        rate = sum(self._rates[i] * self._hot.get(i, 1.0) for i in range(first, last))
+        found = self._loads[bundle] = BundleLoad(
+            bundle,
+            msg_rate_in=rate / 2,
+            msg_rate_out=rate / 2,
+            msg_throughput_in=rate * 512,
+            msg_throughput_out=rate * 512,
+            topics=last - first,
+        )
+        return found
+
+    def report(self, serving: Sequence[BundleId]) -> LoadReport:
+        """A broker's load report for the bundles it serves."""
+        bundles = tuple(self.load(b) for b in serving)
+        rate = sum(b.msg_rate_in + b.msg_rate_out for b in bundles)
+        cpu = min(100.0, 5.0 + 100.0 * rate / self.CAPACITY_MSG_S)
+        usage = BrokerUsage(
+            cpu=ResourceUsage(cpu, 100.0),
+            msg_rate_in=rate / 2,
+            msg_rate_out=rate / 2,
+            bundle_count=len(bundles),
+            topics=sum(b.topics for b in bundles),
+        )
+        return LoadReport(usage=usage, bundles=bundles)
+
+
 class SimulatedBroker:
     """A broker that obeys the contract: it serves what it is told to Own while its serving lease
     is valid, acknowledges every command, and forgets everything when its lease runs out or its
@@ -357,6 +441,7 @@ class SimulatedBroker:
         self._tasks = [
             asyncio.create_task(self._run(session), name=f"sim-broker-{self.id}"),
             asyncio.create_task(self._keep_lease(), name=f"sim-lease-{self.id}"),
+            asyncio.create_task(self._report(), name=f"sim-report-{self.id}"),
         ]
 
     async def stop(self) -> None:
@@ -398,6 +483,14 @@ class SimulatedBroker:
             if self.lease.lapse_if_due(clock.monotonic()) and self.serving:
                 self._world.note(f"{self.id} lease ran out; serves nothing")
                 self.serving.clear()
+
+    async def _report(self) -> None:
+        """Report its load every :data:`REPORT_S` (while it serves: what its bundles carry)."""
+        while True:
+            await self.clock.sleep(REPORT_S)
+            if not self.paused:
+                serving = sorted(b for b in self.serving if self.serves(b))
+                self._outgoing.put_nowait(self._world.traffic.report(serving))
 
     def _handle(self, message: SidecarMessage) -> None:
         command = message.command
@@ -465,6 +558,7 @@ class World:
         self._starting: set[BrokerId] = set()
         self._joining: set[BrokerId] = set()
         self._ranges: dict[BundleId, tuple[int, int]] = {}
+        self.traffic = _Traffic(random.Random(f"traffic-{spec.seed}"))
         self._namespaces: dict[str, int] = {}
 
     def note(self, line: str) -> None:
@@ -555,6 +649,24 @@ class World:
         for node in self._nodes.values():
             self._check_serving(node.broker, result.key)
 
+    def _tally(self, node: _Node) -> None:
+        """Add what ``node``'s sidecar did on its own to the outcome (before it goes)."""
+        counts = self.outcome.balancing
+        metrics = node.sidecar.metrics
+        for metric, key in (
+            (metrics.split_total, "scheduled_splits"),
+            (metrics.unload_total, "shed"),
+        ):
+            for family in metric.collect():
+                for sample in family.samples:
+                    labels = sample.labels
+                    if (
+                        sample.name.endswith("_total")
+                        and labels.get("result") == "Success"
+                        and labels.get("reason") != "Admin"
+                    ):
+                        counts[key] = counts.get(key, 0) + int(sample.value)
+
     def _died(self, me: BrokerId, name: str, error: BaseException) -> None:
         if me in self._starting:
             # The sidecar's start fails with it (as `lbd serve` exits, for a supervisor).
@@ -585,6 +697,9 @@ class World:
             await self._run_for(max(ORPHAN_BOUND_S, self.spec.virtual_s - self._now()))
             self._check_converged()
         finally:
+            for node in self._nodes.values():
+                if node.up:
+                    self._tally(node)
             for node in self._nodes.values():
                 await node.broker.stop()
             for node in reversed(list(self._nodes.values())):
@@ -718,6 +833,11 @@ class World:
             self._hold(kind, target, -1)
         elif kind == "redeliver":
             self._log.redeliver(rng.randint(1, 5))
+        elif kind == "load-swing":
+            topic = rng.randrange(_Traffic.TOPICS)
+            self.traffic.swing(topic, rng.uniform(20.0, 60.0))
+            await self.clock.sleep(duration)
+            self.traffic.swing(topic, 1.0)
         elif kind == "leave":
             await self._leave(node)
         else:
@@ -763,6 +883,7 @@ class World:
         me = node.broker.id
         before = {b: v.version_id for b, v in node.sidecar.follower.table.items()}
         node.up = False
+        self._tally(node)
         node.metadata.set_cut_off(True)  # no lease revoked, no registration removed
         node.channel_gate.set(True)
         await node.broker.stop()
@@ -809,6 +930,7 @@ class World:
             return
         me = node.broker.id
         node.up = False
+        self._tally(node)
         await node.broker.stop()
         node.gate.set(False)
         node.channel_gate.set(False)
@@ -849,13 +971,23 @@ class World:
         self.note("faults over")
         # Clients look their topics up again: an unloaded bundle (Free) is assigned anew.
         await self._run_for(2.0)
-        nodes = self._live()
-        lookups = []
         for n, bundle in enumerate(sorted(self._bundles())):
+            await self._look_up(bundle, n)
+
+    async def _look_up(self, bundle: BundleId, n: int) -> None:
+        """A client's lookup of a Free (or unknown) ``bundle``, retried as a client does while
+        the cluster recovers (a sidecar in safe mode assigns nothing)."""
+        for attempt in range(LOOKUP_ATTEMPTS):
             value = self._truth.get(bundle)
-            if value is None or value.state in (_S.Free, _S.Init):
-                lookups.append(nodes[n % len(nodes)].sidecar.operations.assign(bundle))
-        await self._in_turn(lookups)
+            if value is not None and value.state not in (_S.Free, _S.Init):
+                return
+            nodes = self._live()
+            try:
+                await nodes[(n + attempt) % len(nodes)].sidecar.operations.assign(bundle)
+                return
+            except LbdError as e:
+                self.note(f"lookup of {bundle} failed, retrying: {e}")
+                await self.clock.sleep(self.spec.timings.retry_s * 2)
 
     def _bundles(self) -> set[BundleId]:
         """Every bundle that was ever Owned or has a value now."""
@@ -898,7 +1030,7 @@ def search_spec(mutation: str, seed: int) -> WorldSpec:
     """The world ``seed`` of the search that finds ``mutation`` (its faults and timings)."""
     m = MUTATIONS[mutation]
     timings = dataclasses.replace(TIMINGS, **m.timings) if m.timings else TIMINGS
-    return WorldSpec(
+    spec = WorldSpec(
         seed,
         virtual_s=m.virtual_s,
         mean_fault_gap_s=m.mean_fault_gap_s,
@@ -907,6 +1039,9 @@ def search_spec(mutation: str, seed: int) -> WorldSpec:
         timings=timings,
         mutation=mutation,
     )
+    if m.orphan_grace_s is not None:
+        spec = dataclasses.replace(spec, orphan_grace_s=m.orphan_grace_s)
+    return spec
 
 
 def shrink(spec: WorldSpec, outcome: Outcome) -> Outcome:

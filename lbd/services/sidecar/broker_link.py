@@ -167,16 +167,25 @@ class BrokerLink:
             return False
         if bundle in self._served:
             return True
-        lapses = self._lapses_seen
+        lapses, session = self._lapses_seen, self._session
         ack = await self._command(OwnCommand(bundle), self._own_ack_timeout_s)
-        if ack is None or not ack.ok:
-            return False
-        if self._lapses_seen != lapses:
-            # Its lease ran out after it took the bundle: it dropped it again.
-            return False
-        if self._fenced:
-            # Fenced while the broker was taking it: it must not keep it.
-            await self.close_bundle(bundle, "fenced while owning")
+        if ack is None:
+            return False  # nobody to send it to
+        if session is not None and self._session is not session:
+            return False  # that session ended: the broker forgot everything it was told
+        doubt = None
+        if not ack.ok:
+            doubt = f"own not acknowledged: {ack.error or 'refused'}"
+        elif self._lapses_seen != lapses:
+            # A lapse reported meanwhile may have come before or after the Own reached it.
+            doubt = "its serving lease ran out while it was taking it"
+        elif self._fenced:
+            doubt = "fenced while owning"
+        if doubt is not None:
+            # It may hold the bundle all the same (an ack that timed out can still come): close
+            # it, which the ordered stream delivers after the Own, so that no later lease makes
+            # it serve a bundle this sidecar does not count as served.
+            await self.close_bundle(bundle, doubt)
             return False
         self._served.add(bundle)
         return True

@@ -320,6 +320,11 @@ class OwnershipReactor:
             await self._split_steps(parent, value, sorted(children), points)
         finally:
             self._splitting_children.difference_update(children)
+            # A child the split left behind (undone by the leader, or not finished) is closed
+            # unless the table gives it to this broker.
+            for child in sorted(children):
+                if child in self._link.served():
+                    self._kick(child)
 
     async def _split_steps(
         self, parent: BundleId, value: ServiceUnitStateData, children: list[BundleId], at: list[int]
