@@ -52,7 +52,7 @@ def guard(
     return task
 
 
-async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     """Cancel ``task`` and wait for it to end, whatever it ends with. Idempotent."""
     if task is None or task.done():
         return

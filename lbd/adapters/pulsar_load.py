@@ -9,7 +9,6 @@ an outage simply continues with what is published from then on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Final
 
@@ -25,6 +24,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.loadstore import LatestValues
+from lbd.tasks import cancel_and_wait
 
 _WATCH_INTERVAL_S: Final = 0.5
 """How often the receiving task checks that its reader is still connected."""
@@ -83,9 +83,7 @@ class PulsarLoadStore:
         self._closed = True
         receiver, self._receiver = self._receiver, None
         if receiver is not None:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
+            await cancel_and_wait(receiver)
         producer, self._producer = self._producer, None
         if producer is not None:
             await close_quietly(producer, f"the producer of {self._topic}")

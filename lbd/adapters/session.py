@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import SessionEvent, SessionEventKind
-from lbd.tasks import guard
+from lbd.tasks import cancel_and_wait, guard
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +181,8 @@ class LeaseSession:
             return
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, SessionExpiredError):
-                await self._task
+            with contextlib.suppress(SessionExpiredError):
+                await cancel_and_wait(self._task)
         if self._lease_id is not None:
             with contextlib.suppress(UnavailableError):
                 await self._backend.revoke(self._lease_id)

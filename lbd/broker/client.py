@@ -186,8 +186,13 @@ class BrokerClient:
             return
         if not task.done():
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            # Its own cancellation ends here; one of the caller's goes on.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
 
     async def __aenter__(self) -> BrokerClient:
         self.start()

@@ -15,7 +15,6 @@ noticed: the stream has no heartbeat.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -144,8 +143,13 @@ class OwnershipCache:
             return
         if not task.done():
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            # Its own cancellation ends here; one of the caller's goes on.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
 
     async def __aenter__(self) -> OwnershipCache:
         self.start()

@@ -12,7 +12,8 @@ line for line.
 Faults (:data:`FAULTS`), at random times in the first two thirds of the run, overlapping: a
 sidecar paused, isolated, crashed and restarted, or cut off etcd or the channel alone; a broker
 paused; etcd or the channel down for everyone; the channel delivering its last messages again;
-brokers joining and leaving; admin Transfer, Unload and Split.
+brokers joining and leaving; a topic's load swinging up (the split scheduler and the shedder act on
+what the brokers report); admin Transfer, Unload and Split.
 
 Invariants, checked as the world runs against the channel itself: no two brokers serve one bundle
 or overlapping ones at one instant; a broker serves only what the channel names it server of;

@@ -88,6 +88,18 @@ PINNED = {
             Fault(112.2, "split", 0, 27.7),
         ),
     ),
+    "a leader duty cancelled while a proposal reaped its watcher swallowed the cancellation and "
+    "ran on after its sidecar left": (
+        729,
+        5,
+        (
+            Fault(51.4, "channel-cut-one", 0, 31.8),
+            Fault(60.8, "leave", 2, 19.2),
+            Fault(105.2, "leave", 4, 17.0),
+            Fault(125.5, "channel-cut-one", 3, 37.3),
+            Fault(130.8, "pause-sidecar", 3, 10.6),
+        ),
+    ),
 }
 """Schedules that found bugs, shrunk, pinned as faults (a seed's own schedule changes whenever
 the kinds of fault do)."""

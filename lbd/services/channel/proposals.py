@@ -10,7 +10,6 @@ Deadlines run on the injected :class:`~lbd.ports.clock.Clock`, so tests drive th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
@@ -24,6 +23,7 @@ from lbd.ports.channel import ChannelLog
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
+from lbd.tasks import cancel_and_wait
 
 _log = logging.getLogger(__name__)
 
@@ -46,10 +46,9 @@ async def within(clock: Clock, seconds: float, awaitable: Awaitable[T], what: st
         timer.cancel()
         if not work.done():
             work.cancel()
-        # Reap both, so that nothing outlives this call.
-        for task in (work, timer):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Reap both, so that nothing outlives this call. Not by awaiting each under a suppressed
+        # CancelledError: that would swallow a cancellation of this very task arriving meanwhile.
+        await asyncio.wait({work, timer})
     if work.cancelled():
         raise DeadlineError(f"{what} did not finish within {seconds:g}s")
     return work.result()
@@ -214,9 +213,7 @@ class Proposer:
                 f"applying the proposal {_describe(value)} for {bundle}",
             )
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
         won = bool(seen)
         _log.debug(
             "proposal %s for %s %s; now %s",
