@@ -398,7 +398,9 @@ def resolve(
        or not (any accepted term raises the highest term): no leader's term jumps that far, and
        accepting it would make every later leader's forced writes stale;
     4. with no current value, ``new`` is judged from Init and its version is not compared;
-    5. ``new.version_id <= cur.version_id`` is rejected, forced or not;
+    5. ``new.version_id <= cur.version_id`` is rejected, forced or not; so is any value on top of
+       a Deleted one but a reset to Init, forced or on a gap (a split's children hold the deleted
+       bundle's range: a stale fix that brought it back would serve it twice);
     6. ``new.version_id >= cur.version_id + 2`` is accepted without the checks of rule 7;
     7. otherwise (the next version, or no current value) a forced write is accepted; else the
        transition must be allowed and the broker checks of :func:`_broker_problem` must hold;
@@ -452,7 +454,9 @@ def _judge(cur: ServiceUnitStateData | None, new: ServiceUnitStateData) -> Verdi
                 Rule.STALE_VERSION,
                 f"version {new.version_id} <= current {cur.version_id}",
             )
-        if new.version_id >= cur.version_id + 2:
+        if new.version_id >= cur.version_id + 2 and (
+            cur.state is not _S.Deleted or new.state is _S.Init
+        ):
             return Verdict(
                 True,
                 Rule.VERSION_GAP,
@@ -460,6 +464,8 @@ def _judge(cur: ServiceUnitStateData | None, new: ServiceUnitStateData) -> Verdi
             )
     src, dst = state_of(cur), new.state
     move = f"{src.value} -> {dst.value}"
+    if src is _S.Deleted and dst is not _S.Init:
+        return Verdict(False, Rule.BAD_TRANSITION, f"{move} not allowed")
     if new.force:
         return Verdict(True, Rule.FORCED, f"forced {move}")
     if not is_allowed_transition(src, dst):

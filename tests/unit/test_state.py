@@ -122,7 +122,12 @@ def drops_server(cur: ServiceUnitStateData | None, to: S) -> bool:
     )
 
 
-KEEPING_PAIRS = [p for p in PAIRS if not drops_server(CURRENT[p[0]], p[1])]
+KEEPING_PAIRS = [
+    p
+    for p in PAIRS
+    if not drops_server(CURRENT[p[0]], p[1]) and (p[0] != "Deleted" or p[1] is S.Init)
+]
+"""Pairs whose write keeps the server (a deleted bundle only ever goes back to Init)."""
 DROPPING_PAIRS = [p for p in PAIRS if drops_server(CURRENT[p[0]], p[1])]
 
 
@@ -488,7 +493,7 @@ SERVER_KEPT_OR_HANDED_OVER = [
     ("hand over to another dst, forced", RELEASING, data(S.Assigning, N, dst=C, src=A, force=True)),
     ("hand over by a gap", RELEASING, data(S.Assigning, GAP, dst=C)),
     ("free to owned by a gap", FREE, data(S.Owned, GAP, dst=B)),
-    ("deleted to owned forced", data(S.Deleted, src=A), data(S.Owned, N, dst=B, force=True)),
+    ("deleted reset forced", data(S.Deleted, src=A), data(S.Init, N, src=B, force=True)),
     ("init value to owned", data(S.Init, src=A), data(S.Owned, N, dst=B)),
     ("no value to owned", None, data(S.Owned, 1, dst=B)),
     # What the leader's monitor writes: an announced move, its hand-over, and undone moves.
@@ -694,3 +699,17 @@ def test_malformed_values_are_named(raw: bytes, message: str) -> None:
 def test_constructor_rejects_blank_brokers() -> None:
     with pytest.raises(InvalidInputError, match="dst_broker must not be blank"):
         ServiceUnitStateData(state=S.Owned, version_id=1, dst_broker=BrokerId("  "))
+
+
+@pytest.mark.parametrize("to", [s for s in ServiceUnitState if s is not S.Init])
+@pytest.mark.parametrize("step", [1, 2, 1000])
+@pytest.mark.parametrize("force", [False, True])
+def test_nothing_but_a_reset_brings_a_deleted_bundle_back(to: S, step: int, force: bool) -> None:
+    # A leader's fix decided before a split finished must not resurrect the parent over its
+    # children, whatever its version and however forced.
+    cur = CURRENT["Deleted"]
+    new = data(to, version_after(cur, step), dst=A, src=A, force=force, term=5)
+    verdict = resolve(cur, new, highest_term=5)
+    assert not verdict.accepted
+    assert verdict.rule is R.BAD_TRANSITION
+    assert verdict.reason == f"Deleted -> {to.value} not allowed"

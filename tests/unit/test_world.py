@@ -100,6 +100,21 @@ PINNED = {
             Fault(130.8, "pause-sidecar", 3, 10.6),
         ),
     ),
+    "a leader's fix decided before a split finished resurrected the deleted parent": (
+        7228,
+        3,
+        (
+            Fault(6.5, "crash-sidecar", 1, 7.8),
+            Fault(41.3, "pause-broker", 1, 31.6),
+            Fault(110.1, "crash-sidecar", 2, 8.4),
+            Fault(163.5, "transfer", 1, 34.7),
+            Fault(171.4, "split", 1, 28.0),
+            Fault(173.2, "transfer", 0, 2.0),
+            Fault(184.3, "pause-sidecar", 0, 37.1),
+            Fault(215.7, "channel-cut-one", 1, 30.2),
+            Fault(234.0, "split", 2, 11.1),
+        ),
+    ),
 }
 """Schedules that found bugs, shrunk, pinned as faults (a seed's own schedule changes whenever
 the kinds of fault do)."""

@@ -233,7 +233,14 @@ class OwnershipMonitor:
             if not await self._cut_layout(bundle, value):
                 return None
             return await self._force(
-                bundle, sweep, "orphan", _S.Deleted, None, server, f"{reason}; finishing the split"
+                bundle,
+                sweep,
+                "orphan",
+                _S.Deleted,
+                None,
+                server,
+                f"{reason}; finishing the split",
+                seen=value,
             )
         if value.state is not _S.Releasing:
             selection = await self._assigner.choose(bundle, among=sweep.live, avoid=server)
@@ -245,7 +252,10 @@ class OwnershipMonitor:
                 selection.broker,
                 server,
                 f"{reason}; announcing the move; {selection.reason}",
+                seen=value,
             )
+            if fix is None:
+                return None
             # Persisted by now: the wait may count from here, before this sidecar reads it.
             self._written_at[bundle] = (self._clock.monotonic(), selection.broker, sweep.term)
             return fix
@@ -270,7 +280,9 @@ class OwnershipMonitor:
             dst = selection.broker
             reason = f"{reason}; {selection.reason}"
         reason = f"{reason}; announced {announced_s:.0f}s ago (hand-over wait {wait_s:g}s)"
-        return await self._force(bundle, sweep, "orphan", _S.Assigning, dst, server, reason)
+        return await self._force(
+            bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
+        )
 
     async def _unstick(
         self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, reason: str
@@ -292,9 +304,17 @@ class OwnershipMonitor:
                     None,
                     src,
                     f"{reason}; finishing the split",
+                    seen=value,
                 )
             return await self._force(
-                bundle, sweep, "inflight", _S.Owned, src, src, f"{reason}; back to its source"
+                bundle,
+                sweep,
+                "inflight",
+                _S.Owned,
+                src,
+                src,
+                f"{reason}; back to its source",
+                seen=value,
             )
         if value.state is _S.Assigning:
             # Its destination may have taken it: it releases it first, as in a transfer.
@@ -308,10 +328,18 @@ class OwnershipMonitor:
                 selection.broker,
                 stuck_on,
                 f"{reason}; moving it off {stuck_on}; {selection.reason}",
+                seen=value,
             )
         # Releasing: its source still holds it; the move is undone.
         return await self._force(
-            bundle, sweep, "inflight", _S.Owned, src, src, f"{reason}; back to its source"
+            bundle,
+            sweep,
+            "inflight",
+            _S.Owned,
+            src,
+            src,
+            f"{reason}; back to its source",
+            seen=value,
         )
 
     async def _force(
@@ -323,7 +351,16 @@ class OwnershipMonitor:
         dst: BrokerId | None,
         src: BrokerId | None,
         reason: str,
-    ) -> Fix:
+        *,
+        seen: ServiceUnitStateData,
+    ) -> Fix | None:
+        """Write the forced value, on top of ``seen`` (the value the fix was decided on), or
+        nothing if the bundle moved on since: a fix decided on an old value (the sweep awaited
+        the registry, the layout or an earlier write meanwhile) must never land on a newer one.
+        The version is taken from ``seen`` by the proposer in the same breath as this check."""
+        if self._follower.get(bundle) != seen:
+            _log.info("%s moved on since the sweep read it: %s not written", bundle, state.value)
+            return None
         write = self._proposer.propose(
             bundle, state, dst=dst, src=src, force=True, leader_term=sweep.term
         )
