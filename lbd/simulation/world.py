@@ -123,7 +123,7 @@ CONFIG = SidecarConfig(
     load_report_interval_s=60.0,
     default_namespace_bundles=8,
 )
-REPORT_S = 8.0
+REPORT_S = 10.0
 """A broker reports its load this often (well within the sidecar's ``silence_timeout_s``)."""
 MAX_DRIFT = 0.01
 """Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,

@@ -46,9 +46,10 @@ async def within(clock: Clock, seconds: float, awaitable: Awaitable[T], what: st
         timer.cancel()
         if not work.done():
             work.cancel()
-        # Reap both, so that nothing outlives this call. Not by awaiting each under a suppressed
-        # CancelledError: that would swallow a cancellation of this very task arriving meanwhile.
-        await asyncio.wait({work, timer})
+        # Reap both, so that nothing outlives this call, letting a cancellation of this very
+        # task that arrives meanwhile through (a suppressed CancelledError would swallow it).
+        for task in (work, timer):
+            await cancel_and_wait(task)
     if work.cancelled():
         raise DeadlineError(f"{what} did not finish within {seconds:g}s")
     return work.result()
