@@ -389,6 +389,8 @@ class _Traffic:
             cpu=ResourceUsage(cpu, 100.0),
             msg_rate_in=rate / 2,
             msg_rate_out=rate / 2,
+            msg_throughput_in=rate * 512,
+            msg_throughput_out=rate * 512,
             bundle_count=len(bundles),
             topics=sum(b.topics for b in bundles),
         )

@@ -136,3 +136,17 @@ def test_a_bulk_run_finds_what_a_traced_run_finds() -> None:
     traced, bulk = run_seed(spec), run_seed(spec, trace=False)
     assert traced.violations == bulk.violations and traced.violations
     assert traced.trace and not bulk.trace
+
+
+def test_load_swings_make_the_split_scheduler_and_the_shedder_act() -> None:
+    acted: dict[str, int] = {}
+    for seed in range(1, 11):
+        outcome = run_seed(
+            WorldSpec(seed, faults=("load-swing",), mean_fault_gap_s=15.0), trace=False
+        )
+        assert outcome.ok, (seed, outcome.violations)
+        for kind, count in outcome.balancing.items():
+            acted[kind] = acted.get(kind, 0) + count
+        if acted.get("scheduled_splits") and acted.get("shed"):
+            return
+    raise AssertionError(f"in 10 seeds of load swings the balancer did only {acted}")
