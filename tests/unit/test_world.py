@@ -115,6 +115,18 @@ PINNED = {
             Fault(234.0, "split", 2, 11.1),
         ),
     ),
+    "a split undone while its children were written left both, and the parent was served "
+    "beside a child the shedder moved": (
+        7980,
+        3,
+        (
+            Fault(15.4, "pause-broker", 0, 24.2),
+            Fault(33.7, "split", 1, 25.4),
+            Fault(38.6, "channel-down", 1, 21.5),
+            Fault(99.4, "crash-sidecar", 1, 23.5),
+            Fault(103.9, "channel-down", 2, 43.5),
+        ),
+    ),
 }
 """Schedules that found bugs, shrunk, pinned as faults (a seed's own schedule changes whenever
 the kinds of fault do)."""

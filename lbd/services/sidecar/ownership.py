@@ -232,7 +232,11 @@ class OwnershipReactor:
             owner_of(value) == me or (value.state is _S.Splitting and value.source_broker == me)
         )
         served = bundle in self._link.served()
-        if wanted and not served and not self._fenced:
+        if wanted and not served and (blocker := self._overlapping_server(bundle)) is not None:
+            # A split undone by the leader while its children were being written: the table
+            # holds both. The parent is not served while another broker serves part of it.
+            _log.warning("%s overlaps %s, served by %s: not taking it", bundle, *blocker)
+        elif wanted and not served and not self._fenced:
             if not await self._link.own(bundle):
                 _log.warning("broker %s did not take %s, which it owns", me, bundle)
         elif served and not wanted and bundle not in self._splitting_children:
@@ -290,6 +294,19 @@ class OwnershipReactor:
         else:
             await self._propose_next(bundle, value, _S.Free, src=self._me)
 
+    def _overlapping_server(self, bundle: BundleId) -> tuple[BundleId, BrokerId] | None:
+        """Another bundle of the table whose range overlaps ``bundle`` and whose server is
+        another broker, if any."""
+        whole = parse_bundle_id(bundle)
+        prefix = f"{whole.namespace}/"
+        for other, value in self._follower.table.items():
+            if other == bundle or not other.startswith(prefix):
+                continue
+            server = server_of(value)
+            if server is not None and server != self._me and parse_bundle_id(other).overlaps(whole):
+                return other, server
+        return None
+
     def _still_mine(self, child: ServiceUnitStateData | None) -> bool:
         """Whether a split's child is still this broker's to take: no value yet, or Owned by
         or being assigned to this broker (not moving away)."""
@@ -341,6 +358,9 @@ class OwnershipReactor:
         for child in mine:
             if owner_of(self._follower.get(child)) == self._me:
                 continue
+            if self._follower.get(parent) != value:
+                _log.warning("%s changed while it was being split: split not finished", parent)
+                return
             await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
         lost = [c for c in children if server_of(self._follower.get(c)) is None]
         if lost:
