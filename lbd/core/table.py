@@ -19,6 +19,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
     Rule,
+    ServiceUnitState,
     ServiceUnitStateData,
     decode_value,
     from_json_object,
@@ -144,6 +145,16 @@ class StateTable:
             for bundle, value in self._values.items()
             if (owner := owner_of(value)) is not None
         }
+
+    def splitting_into(self, broker: BrokerId, child: BundleId) -> bool:
+        """Whether ``child`` is a child of a bundle that ``broker`` is splitting (``Splitting``
+        from it): the broker may serve the child before the child has a value."""
+        return any(
+            value.state is ServiceUnitState.Splitting
+            and value.source_broker == broker
+            and child in (value.split_children or {})
+            for value in self._values.values()
+        )
 
     def holders(self) -> dict[BundleId, BrokerId]:
         """The broker each bundle depends on (see :func:`~lbd.core.state.holder`): its owner, or

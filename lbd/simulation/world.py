@@ -51,12 +51,12 @@ from lbd.core.broker import (
     ServingLease,
     SidecarMessage,
 )
-from lbd.core.bundles import SplitAlgorithm, parse_bundle_id
+from lbd.core.bundles import Bundle, SplitAlgorithm, parse_bundle_id
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, server_of
+from lbd.core.state import ServiceUnitState, owner_of, server_of
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.core.tuning import (
     MonitorConfig,
@@ -159,7 +159,7 @@ class WorldSpec:
     faults: tuple[str, ...] = ()
     """Only these kinds of fault (all when empty): see :data:`FAULTS`."""
     timings: SidecarTimings = TIMINGS
-    orphan_grace_s: float = 16.0
+    orphan_grace_s: float = CONFIG.monitor.orphan_cleanup_grace_s
     """``monitor.orphan_cleanup_grace_s``."""
     fault_s: tuple[float, float] = (1.0, 45.0)
     """How long a fault that holds lasts: uniform between these, in virtual seconds."""
@@ -560,9 +560,8 @@ class World:
         self._held: dict[tuple[str, str], int] = {}
         self._starting: set[BrokerId] = set()
         self._joining: set[BrokerId] = set()
-        self._ranges: dict[BundleId, tuple[int, int]] = {}
+        self._bundle_ids: dict[BundleId, Bundle] = {}
         self.traffic = _Traffic(random.Random(f"traffic-{spec.seed}"))
-        self._namespaces: dict[str, int] = {}
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
@@ -582,28 +581,23 @@ class World:
     def _check_alone(self, broker: SimulatedBroker, bundle: BundleId) -> None:
         if not broker.serves(bundle):
             return
-        lo, hi = self._range(bundle)
+        mine = self._parsed(bundle)
         for other in self._nodes.values():
             if other.broker is broker:
                 continue
             for theirs in other.broker.serving:
-                their_lo, their_hi = self._range(theirs)
-                if their_lo < hi and lo < their_hi and other.broker.serves(theirs):
+                if mine.overlaps(self._parsed(theirs)) and other.broker.serves(theirs):
                     what = "it" if theirs == bundle else f"the overlapping {theirs}"
                     self._violate(
                         f"{broker.id} told to own {bundle} while {other.broker.id} serves {what}"
                     )
         self._check_serving(broker, bundle)
 
-    def _range(self, bundle: BundleId) -> tuple[int, int]:
-        """``bundle``'s hash range as ``[lo, hi)`` (ranges of one namespace only meet)."""
-        found = self._ranges.get(bundle)
+    def _parsed(self, bundle: BundleId) -> Bundle:
+        """``bundle`` parsed once (the check runs at every Own and lease)."""
+        found = self._bundle_ids.get(bundle)
         if found is None:
-            parsed = parse_bundle_id(bundle)
-            spaces = self._namespaces
-            offset = spaces.setdefault(str(parsed.namespace), len(spaces)) * 2**33  # apart
-            hi = parsed.range.hi + (1 if parsed.range.includes_upper else 0)
-            found = self._ranges[bundle] = (offset + parsed.range.lo, offset + hi)
+            found = self._bundle_ids[bundle] = parse_bundle_id(bundle)
         return found
 
     def check_broker(self, broker: SimulatedBroker) -> None:
@@ -617,24 +611,12 @@ class World:
             return
         value = self._truth.get(bundle)
         server = server_of(value)
-        if server == broker.id or self._splitting_into(broker.id, bundle):
+        if server == broker.id or self._truth.splitting_into(broker.id, bundle):
             return
         if value is not None and value.state is _S.Deleted and value.source_broker == broker.id:
             return  # a split parent: its children, all this broker's, cover it
         state = "Init" if value is None else value.state.value
         self._violate(f"{broker.id} serves {bundle} while the channel says {state} {server}")
-
-    def _splitting_into(self, broker: BrokerId, child: BundleId) -> bool:
-        """Whether ``child`` is a child of a bundle ``broker`` is splitting."""
-        return any(
-            value.state is _S.Splitting
-            and value.source_broker == broker
-            and child in (value.split_children or {})
-            for value in self._truth_values()
-        )
-
-    def _truth_values(self) -> list[ServiceUnitStateData]:
-        return [value for _, value in self._truth.items()]
 
     def _on_append(self, position: ChannelPosition, key: str, value: bytes) -> None:
         """Every message the channel takes: versions only grow, and no broker but the new

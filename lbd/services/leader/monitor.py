@@ -292,28 +292,17 @@ class OwnershipMonitor:
         taking the bundle is announced again elsewhere, a move its source never finished is
         undone."""
         src = value.source_broker
-        if value.state is _S.Splitting:
-            if await self._split_progressed(bundle, value):
-                if not await self._cut_layout(bundle, value):
-                    return None
-                return await self._force(
-                    bundle,
-                    sweep,
-                    "inflight",
-                    _S.Deleted,
-                    None,
-                    src,
-                    f"{reason}; finishing the split",
-                    seen=value,
-                )
+        if value.state is _S.Splitting and await self._split_progressed(bundle, value):
+            if not await self._cut_layout(bundle, value):
+                return None
             return await self._force(
                 bundle,
                 sweep,
                 "inflight",
-                _S.Owned,
+                _S.Deleted,
+                None,
                 src,
-                src,
-                f"{reason}; back to its source",
+                f"{reason}; finishing the split",
                 seen=value,
             )
         if value.state is _S.Assigning:
@@ -330,7 +319,7 @@ class OwnershipMonitor:
                 f"{reason}; moving it off {stuck_on}; {selection.reason}",
                 seen=value,
             )
-        # Releasing: its source still holds it; the move is undone.
+        # Releasing, or a split that never got further: its source still holds it; undone.
         return await self._force(
             bundle,
             sweep,

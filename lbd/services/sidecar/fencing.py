@@ -28,7 +28,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from lbd.core.state import ServiceUnitState, server_of
+from lbd.core.state import server_of
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
@@ -144,14 +144,7 @@ class Fence:
         table, me = self._follower.table, self._link.me
         for bundle in self._link.served():
             value = table.get(bundle)
-            if server_of(value) == me:
-                continue
-            if value is None and any(
-                v.state is ServiceUnitState.Splitting
-                and v.source_broker == me
-                and bundle in (v.split_children or {})
-                for _, v in table.items()
-            ):
+            if server_of(value) == me or (value is None and table.splitting_into(me, bundle)):
                 continue
             return False
         return True
