@@ -39,8 +39,11 @@ run: setup ## the main job: a local 3-broker cluster with traffic, watched live 
 	trap '$(VENV)/bin/lbd dev down --state-dir $(DEV_STATE)' EXIT; trap 'exit 130' INT TERM; \
 	$(VENV)/bin/lbd ctl --server "$$($(VENV)/bin/lbd dev addr --state-dir $(DEV_STATE))" watch
 
-test: setup-analytics ## the whole suite: real etcd, pulsar-lite and Spark local mode included
+# The second run repeats the end-to-end and chaos suites on `lbd dev up --secure` clusters
+# (mutual TLS, roles, etcd with TLS and auth). SECURE_JUNIT: where that run writes its report.
+test: setup-analytics ## the whole suite, then e2e and chaos again on secure clusters
 	$(PY) -m pytest
+	LBD_TEST_SECURE=1 $(PY) -m pytest tests/e2e tests/chaos $(if $(SECURE_JUNIT),--junitxml=$(SECURE_JUNIT))
 
 test-unit: setup ## the pure, server-free tests only
 	$(PY) -m pytest tests/unit

@@ -5,7 +5,8 @@ pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on
 pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
 kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and pulsar-lite killed
 and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself),
-``sim`` (seeds per second of the deterministic simulation).
+``sim`` (seeds per second of the deterministic simulation), ``security`` (owned Lookups through
+a plain and a ``--secure`` dev cluster: what mutual TLS and roles cost).
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from bench import channel_bench, core, outage_bench, sidecar_bench, sim_bench, startup_bench
+from bench import (
+    channel_bench,
+    core,
+    outage_bench,
+    security_bench,
+    sidecar_bench,
+    sim_bench,
+    startup_bench,
+)
 from bench.report import measurements_table
 
-SUITES = ("core", "channel", "startup", "sidecar", "outages", "sim")
+SUITES = ("core", "channel", "startup", "sidecar", "outages", "sim", "security")
 
 
 def main() -> None:
@@ -65,6 +74,10 @@ def main() -> None:
         with console.status("simulation: searching for each planted bug..."):
             found = sim_bench.mutations(limit=20 if args.quick else 100)
         console.print(measurements_table("planted bugs: first seed that finds each", found))
+    if "security" in suites:
+        lookups = 1_000 if args.quick else 4_000
+        with console.status(f"security: {lookups:,} lookups through a plain and a secure cluster"):
+            console.print(security_bench.table(security_bench.run(lookups=lookups)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import random
 import signal
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -31,10 +32,14 @@ from lbd.adapters.etcd_store import EtcdMetadataStore
 from lbd.adapters.pulsar_channel import PulsarChannelLog
 from lbd.adapters.pulsar_client import PulsarConnection
 from lbd.adapters.pulsar_load import PulsarLoadStore
+from lbd.api.auth import AuthConfig, Authenticator, Role
 from lbd.api.forwarding import Forwarder
 from lbd.api.server import sidecar_api, track_fence
+from lbd.api.tls import ReloadingServerTls, ServerTlsFiles
 from lbd.api.tracing import console_requested, install_tracing
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.config import Settings
+from lbd.config.invariants import authenticates
 from lbd.core.broker import BrokerInfo
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
@@ -104,6 +109,54 @@ def advertised_addr(settings: Settings) -> str:
             "to the address other sidecars should use"
         )
     return addr
+
+
+def authenticator(s: Settings) -> Authenticator | None:
+    """Who may call what, from ``[auth]`` and ``grpc.admin_token``; None lets everyone do
+    everything (no credential is configured and anonymous callers are admins)."""
+    anonymous = s.auth.anonymous_role
+    if anonymous == "auto":
+        anonymous = "none" if authenticates(s) else "admin"
+    config = AuthConfig(
+        admin_token=None if s.grpc.admin_token is None else s.grpc.admin_token.get_secret_value(),
+        tokens_file=None if s.auth.tokens_file is None else Path(s.auth.tokens_file),
+        token_key_file=None if s.auth.token_key_file is None else Path(s.auth.token_key_file),
+        cert_roles=(
+            {o: Role.parse(r, "auth.cert_roles") for o, r in s.auth.role_map().items()}
+            if s.grpc.mutual_tls
+            else None
+        ),
+        anonymous_role=None if anonymous == "none" else Role.parse(anonymous, "auth"),
+    )
+    return None if config.open else Authenticator(config)
+
+
+def server_tls(s: Settings) -> ReloadingServerTls | None:
+    """The server's TLS from ``[grpc]``, or None for a plaintext port."""
+    g = s.grpc
+    if g.tls_cert_file is None or g.tls_key_file is None:
+        return None
+    return ReloadingServerTls(
+        ServerTlsFiles(
+            Path(g.tls_cert_file),
+            Path(g.tls_key_file),
+            Path(g.tls_ca_file) if g.mutual_tls and g.tls_ca_file is not None else None,
+        )
+    )
+
+
+def sidecar_client_credentials(s: Settings) -> ClientCredentials:
+    """How this sidecar connects to other sidecars: their CA, its own certificate."""
+    g = s.grpc
+    if g.tls_cert_file is None:
+        return INSECURE
+    mutual = g.mutual_tls and g.tls_key_file is not None
+    return ClientCredentials(
+        ca_file=None if g.tls_ca_file is None else Path(g.tls_ca_file),
+        system_roots=g.tls_ca_file is None,
+        cert_file=Path(g.tls_cert_file) if mutual else None,
+        key_file=Path(g.tls_key_file) if mutual and g.tls_key_file is not None else None,
+    )
 
 
 class Daemon:
@@ -260,15 +313,14 @@ class Daemon:
         stack.push_async_callback(sidecar.close)
 
         # -- the API -----------------------------------------------------------------------------
-        forwarder = Forwarder(me)
+        forwarder = Forwarder(me, credentials=sidecar_client_credentials(s))
         stack.push_async_callback(forwarder.close)
         server = sidecar_api(
             sidecar,
             s.grpc.addr,
             forwarder,
-            admin_token=(
-                s.grpc.admin_token.get_secret_value() if s.grpc.admin_token is not None else None
-            ),
+            authenticator=authenticator(s),
+            tls=server_tls(s),
             tracer_provider=provider,
         )
         await server.start()

@@ -5,12 +5,14 @@ accepts them and forwards them there over gRPC (the address is the target's
 ``BrokerInfo.sidecar_grpc_addr``). A forwarded call carries the ``x-lbd-forwarded`` marker: a
 sidecar that receives a marked call it cannot run itself refuses it instead of forwarding it
 again, so a stale view (the owner or leader just changed) cannot make calls loop. The caller's
-``authorization`` goes along, since sidecars of one cluster share the admin token.
+``authorization`` goes along, since sidecars of one cluster accept the same tokens; with mutual
+TLS the sidecar connects with its own certificate.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ import grpc
 
 from lbd.api.auth import AUTHORIZATION
 from lbd.api.tracing import inject_context
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.errors import PreconditionError
 from lbd.gen.v1 import lbd_pb2_grpc
 
@@ -41,10 +44,20 @@ def forwarded_by(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
 class Forwarder:
     """Calls the Admin service of other sidecars; one channel per address, kept open."""
 
-    def __init__(self, me: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        me: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        credentials: ClientCredentials = INSECURE,
+    ) -> None:
+        """``credentials``: this sidecar's TLS files (its certificate is its client certificate);
+        channels are made again when one of the files changes."""
         self._me = me
         self._timeout_s = timeout_s
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stamp = _stamp(credentials)
 
     async def call(
         self,
@@ -74,13 +87,18 @@ class Forwarder:
         remaining = context.time_remaining()
         timeout = self._timeout_s if remaining is None else min(remaining, self._timeout_s)
         _log.info("forwarding %s to %s: %s", type(request).__name__, addr, what)
-        stub = lbd_pb2_grpc.AdminStub(self._channel(addr))
+        stub = lbd_pb2_grpc.AdminStub(await self._channel(addr))
         return await method(stub)(request, metadata=tuple(metadata), timeout=timeout)
 
-    def _channel(self, addr: str) -> grpc.aio.Channel:
+    async def _channel(self, addr: str) -> grpc.aio.Channel:
+        stamp = _stamp(self._credentials)
+        if stamp != self._stamp:
+            _log.info("TLS files changed: new channels to the other sidecars")
+            self._stamp = stamp
+            await self.close()
         channel = self._channels.get(addr)
         if channel is None:
-            channel = grpc.aio.insecure_channel(addr)
+            channel = self._credentials.aio_channel(addr)
             self._channels[addr] = channel
         return channel
 
@@ -89,3 +107,16 @@ class Forwarder:
         channels, self._channels = self._channels, {}
         for channel in channels.values():
             await channel.close()
+
+
+def _stamp(credentials: ClientCredentials) -> tuple[tuple[int, int], ...]:
+    """When and how big each credential file is (a missing file counts as changed)."""
+    stamps = []
+    for path in credentials.files():
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps.append((-1, -1))
+        else:
+            stamps.append((st.st_mtime_ns, st.st_size))
+    return tuple(stamps)

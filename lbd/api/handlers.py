@@ -93,6 +93,21 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
+class BoundCall:
+    """A :data:`Call` of a unary-request method; ``request`` is its request (for audit lines)."""
+
+    __slots__ = ("_context", "_inner", "request")
+
+    def __init__(self, inner: Callable[..., Any], request: Any, context: Any) -> None:
+        self._inner = inner
+        self.request = request
+        self._context = context
+
+    def __call__(self) -> Awaitable[Any]:
+        result: Awaitable[Any] = self._inner(self.request, self._context)
+        return result
+
+
 class UndecodableRequestError(InvalidInputError):
     """The request's bytes are not a message of the method's type: the client's mistake."""
 
@@ -144,7 +159,7 @@ def wrap_handler(
     else:
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await wrapper.unary(method, context, lambda: inner(request, context))
+            return await wrapper.unary(method, context, BoundCall(inner, request, context))
 
         behaviour = unary
     return make(

@@ -1,9 +1,11 @@
 """The sidecar's gRPC server: LoadBalancer and Admin, server reflection, ``grpc.health.v1``.
 
-Interceptors run outermost first: tracing (the span sees the final status), the admin token,
-then the error mapping closest to the servicers. Health is NOT_SERVING until the app says the
-sidecar can answer (follower caught up, registry started) and again while it is fenced; the
-overall status ("") and each lbd service's share the same value.
+Interceptors run outermost first: tracing (the span sees the final status), authentication and
+authorization (:mod:`lbd.api.auth`, when any credential is configured), then the error mapping
+closest to the servicers. The port is TLS when the sidecar has a certificate
+(:mod:`lbd.api.tls`). Health is NOT_SERVING until the app says the sidecar can answer (follower
+caught up, registry started) and again while it is fenced; the overall status ("") and each lbd
+service's share the same value.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry.trace import TracerProvider
 
 from lbd.api.admin import AdminDeps, AdminServicer
-from lbd.api.auth import AdminAuthInterceptor
+from lbd.api.auth import Authenticator, AuthInterceptor
 from lbd.api.errors import ErrorInterceptor
 from lbd.api.forwarding import Forwarder
 from lbd.api.loadbalancer import LoadBalancerServicer
+from lbd.api.tls import ReloadingServerTls
 from lbd.api.tracing import TracingInterceptor
 from lbd.core.errors import InvalidInputError
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
@@ -40,14 +43,18 @@ def sidecar_api(
     addr: str,
     forwarder: Forwarder,
     *,
-    admin_token: str | None = None,
+    authenticator: Authenticator | None = None,
+    tls: ReloadingServerTls | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> ApiServer:
     """The gRPC server of ``sidecar`` on ``addr`` (not started): its services wired to it."""
     return ApiServer(
         addr,
         loadbalancer=LoadBalancerServicer(
-            lookup=sidecar.lookup, follower=sidecar.follower, link=sidecar.link
+            lookup=sidecar.lookup,
+            follower=sidecar.follower,
+            link=sidecar.link,
+            authenticator=authenticator,
         ),
         admin=AdminServicer(
             AdminDeps(
@@ -64,7 +71,8 @@ def sidecar_api(
             )
         ),
         metrics=sidecar.metrics,
-        admin_token=admin_token,
+        authenticator=authenticator,
+        tls=tls,
         tracer_provider=tracer_provider,
     )
 
@@ -79,13 +87,17 @@ class ApiServer:
         loadbalancer: LoadBalancerServicer,
         admin: AdminServicer,
         metrics: Metrics,
-        admin_token: str | None = None,
+        authenticator: Authenticator | None = None,
+        tls: ReloadingServerTls | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
+        """Without ``authenticator`` every caller may call everything (a loopback sidecar with
+        no credentials configured); without ``tls`` the port is plaintext."""
         self._addr = addr
+        self._tls = tls
         interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
-        if admin_token:
-            interceptors.append(AdminAuthInterceptor(admin_token))
+        if authenticator is not None:
+            interceptors.append(AuthInterceptor(authenticator))
         self._errors = ErrorInterceptor(metrics)
         interceptors.append(self._errors)
         self._server = grpc.aio.server(interceptors=interceptors)
@@ -116,14 +128,22 @@ class ApiServer:
         """Bind the address and start serving, NOT_SERVING until :meth:`set_serving`."""
         await self.set_serving(False)
         try:
-            port = self._server.add_insecure_port(self._addr)
+            if self._tls is None:
+                port = self._server.add_insecure_port(self._addr)
+            else:
+                port = self._server.add_secure_port(self._addr, self._tls.credentials())
         except RuntimeError as e:
             raise InvalidInputError(f"grpc.addr {self._addr}: cannot listen there: {e}") from e
         if port == 0:
             raise InvalidInputError(f"grpc.addr {self._addr}: cannot listen there")
         await self._server.start()
         self._port = port
-        _log.info("gRPC server listening on %s (port %d)", self._addr, port)
+        _log.info(
+            "gRPC server listening on %s (port %d, %s)",
+            self._addr,
+            port,
+            "plaintext" if self._tls is None else "TLS",
+        )
 
     async def set_serving(self, serving: bool) -> None:
         """Report SERVING or NOT_SERVING on the health service; logs each change once."""

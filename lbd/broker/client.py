@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 
 from lbd.broker.backoff import Backoff
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.broker import ServingLease
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import InvalidInputError
@@ -35,6 +36,7 @@ from lbd.core.lease import BrokerLease
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 
 _log = logging.getLogger(__name__)
+_REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 FIRST_LEASE_RETRY_S = 0.25
 """How often the broker asks for a lease while it has been granted none in this session."""
@@ -119,7 +121,10 @@ class BrokerClient:
         report_interval_s: float = 1.0,
         reconnect_min_s: float = 0.1,
         reconnect_max_s: float = 2.0,
+        credentials: ClientCredentials = INSECURE,
     ) -> None:
+        """``credentials``: TLS files and token of this broker (its certificate's common name
+        or its token's name must be ``info.broker_id``; docs/broker-contract.md)."""
         check_address(sidecar)
         if not info.broker_id:
             raise InvalidInputError("the Hello's broker id must not be empty")
@@ -131,6 +136,7 @@ class BrokerClient:
         self._handler = handler
         self._report_interval_s = report_interval_s
         self._reconnect = (reconnect_min_s, reconnect_max_s)
+        self._credentials = credentials
         self._owned: set[BundleId] = set()
         self._lease: BrokerLease | None = None
         self._lease_duration_s = 0.0
@@ -208,13 +214,14 @@ class BrokerClient:
         everything): a broker that cannot report its load must not run on unnoticed.
         """
         backoff = Backoff(*self._reconnect)
-        async with grpc.aio.insecure_channel(self._sidecar) as channel:
-            stub = lbd_pb2_grpc.LoadBalancerStub(channel)
-            while True:
+        while True:
+            # A channel per session: a renewed certificate or token is read at each reconnect.
+            async with self._credentials.aio_channel(self._sidecar) as channel:
+                stub = lbd_pb2_grpc.LoadBalancerStub(channel)
                 started = time.monotonic()
                 opened = await self._session(stub)
                 lasted = time.monotonic() - started
-                await asyncio.sleep(backoff.after(connected=opened, lasted_s=lasted))
+            await asyncio.sleep(backoff.after(connected=opened, lasted_s=lasted))
 
     # -- one session -------------------------------------------------------------------------
 
@@ -222,7 +229,7 @@ class BrokerClient:
         """One session, until it ends; True when it was opened at all."""
         outbox: Outbox = asyncio.Queue()
         outbox.put_nowait(lbd_pb2.BrokerMessage(hello=self._info))
-        call = stub.BrokerSession(_drain(outbox))
+        call = stub.BrokerSession(_drain(outbox), metadata=self._credentials.metadata())
         tasks: list[asyncio.Task[None]] = []
         opened = False
         try:
@@ -249,7 +256,14 @@ class BrokerClient:
                 task.result()  # the reader's end is the session's; another's is a failure
             _log.warning("sidecar %s ended the session", self._sidecar)
         except grpc.aio.AioRpcError as e:
-            if opened:
+            if e.code() in _REFUSALS:
+                _log.error(
+                    "sidecar %s refused the session: %s %s (check this broker's credentials)",
+                    self._sidecar,
+                    e.code().name,
+                    e.details(),
+                )
+            elif opened:
                 _log.warning(
                     "session with sidecar %s lost: %s %s", self._sidecar, e.code().name, e.details()
                 )

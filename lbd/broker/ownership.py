@@ -23,6 +23,7 @@ import grpc
 
 from lbd.broker.backoff import Backoff
 from lbd.broker.client import check_address
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.errors import InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
@@ -67,6 +68,7 @@ class OwnershipCache:
         stale_after_s: float = 5.0,
         reconnect_min_s: float = 0.1,
         reconnect_max_s: float = 2.0,
+        credentials: ClientCredentials = INSECURE,
     ) -> None:
         check_address(sidecar)
         if stale_after_s <= 0:
@@ -76,6 +78,7 @@ class OwnershipCache:
         self._namespace = str(NamespaceName.parse(namespace)) if namespace else ""
         self._stale_after_s = stale_after_s
         self._reconnect = (reconnect_min_s, reconnect_max_s)
+        self._credentials = credentials
         self._table: dict[BundleId, Ownership] = {}
         self._live = False
         self._lost_at: float | None = None
@@ -162,17 +165,21 @@ class OwnershipCache:
         """Follow the sidecar's ownership stream, reconnecting whenever it drops, until
         cancelled."""
         backoff = Backoff(*self._reconnect)
-        async with grpc.aio.insecure_channel(self._sidecar) as channel:
-            stub = lbd_pb2_grpc.LoadBalancerStub(channel)
-            while True:
+        while True:
+            # A channel per watch: a renewed certificate or token is read at each reconnect.
+            async with self._credentials.aio_channel(self._sidecar) as channel:
+                stub = lbd_pb2_grpc.LoadBalancerStub(channel)
                 started = time.monotonic()
                 synced = await self._watch(stub)
                 lasted = time.monotonic() - started
-                await asyncio.sleep(backoff.after(connected=synced, lasted_s=lasted))
+            await asyncio.sleep(backoff.after(connected=synced, lasted_s=lasted))
 
     async def _watch(self, stub: lbd_pb2_grpc.LoadBalancerStub) -> bool:
         """One stream, until it ends; True when its snapshot was taken in."""
-        call = stub.WatchOwnership(lbd_pb2.WatchOwnershipRequest(namespace=self._namespace))
+        call = stub.WatchOwnership(
+            lbd_pb2.WatchOwnershipRequest(namespace=self._namespace),
+            metadata=self._credentials.metadata(),
+        )
         snapshot: dict[BundleId, Ownership] = {}
         try:
             async for change in call:

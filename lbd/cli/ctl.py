@@ -17,12 +17,22 @@ from pathlib import Path
 from google.protobuf.message import Message
 from rich.console import Console, RenderableType
 
+from lbd.broker.credentials import ClientCredentials
 from lbd.core.errors import InvalidInputError, LbdError
 from lbd.ctl import render
 from lbd.ctl.client import DEFAULT_TIMEOUT_S, SidecarClient
 from lbd.ctl.watch import watch
 
 TOKEN_ENV = "LBD_GRPC__ADMIN_TOKEN"
+"""The admin token of the sidecars' own settings, used when no other token is given."""
+CREDENTIAL_FLAGS = {
+    "tls_ca": ("--tls-ca", "LBD_CTL_TLS_CA", "CA file: speak TLS, trust sidecars it signed"),
+    "tls_cert": ("--tls-cert", "LBD_CTL_TLS_CERT", "client certificate file (mutual TLS)"),
+    "tls_key": ("--tls-key", "LBD_CTL_TLS_KEY", "key file of --tls-cert"),
+    "token": ("--token", "LBD_CTL_TOKEN", f"bearer token (else env {TOKEN_ENV})"),
+    "token_file": ("--token-file", "LBD_CTL_TOKEN_FILE", "file holding the bearer token"),
+}
+"""Destination -> flag, environment variable and help of how a client proves who it is."""
 WATCH_TIMEOUT_S = 2.0
 """Deadline of each call of the live view: a hung sidecar must not freeze the screen."""
 
@@ -33,9 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "ctl", help="operate a running cluster through a sidecar", description=__doc__
     )
     p.add_argument("--server", required=True, metavar="HOST:PORT", help="a sidecar's gRPC address")
-    p.add_argument(
-        "--token", metavar="T", help=f"admin bearer token (default: env {TOKEN_ENV}, if set)"
-    )
+    add_credential_flags(p)
     p.add_argument("--output", choices=("table", "json"), default="table")
     p.add_argument(
         "--timeout",
@@ -53,6 +61,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v = verbs.add_parser("bundles", help="bundles with their state and owner")
     v.add_argument("--namespace", default="", metavar="NS", help="only this tenant/namespace")
     verbs.add_parser("leader", help="the leader and its term")
+    verbs.add_parser(
+        "health", help="the sidecar's health (exit 0 only when SERVING; a probe over TLS)"
+    )
     verbs.add_parser("load", help="per-broker load, average and standard deviation")
     v = verbs.add_parser("assign", help="assign a bundle (or a topic's bundle)")
     v.add_argument("target", metavar="BUNDLE|TOPIC")
@@ -100,19 +111,58 @@ def parse_boundaries(text: str) -> list[int]:
     return points
 
 
+def add_credential_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of :data:`CREDENTIAL_FLAGS`, each defaulting to its environment variable."""
+    for dest, (flag, env, text) in CREDENTIAL_FLAGS.items():
+        metavar = "FILE" if "file" in text else "T"
+        parser.add_argument(flag, dest=dest, metavar=metavar, help=f"{text} (env {env})")
+
+
+def credentials_from(args: argparse.Namespace) -> ClientCredentials:
+    """The client credentials the flags (or their environment variables) name."""
+
+    def given(dest: str) -> str | None:
+        value = getattr(args, dest, None)
+        return value if value is not None else os.environ.get(CREDENTIAL_FLAGS[dest][1]) or None
+
+    def path(dest: str) -> Path | None:
+        value = given(dest)
+        return None if value is None else Path(value)
+
+    token = given("token")
+    token_file = path("token_file")
+    if token is None and token_file is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    try:
+        return ClientCredentials(
+            ca_file=path("tls_ca"),
+            cert_file=path("tls_cert"),
+            key_file=path("tls_key"),
+            token=token,
+            token_file=token_file,
+        )
+    except InvalidInputError as e:
+        flags = ", ".join(flag for flag, _, _ in CREDENTIAL_FLAGS.values())
+        raise InvalidInputError(f"{e} ({flags})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one ``lbd ctl`` verb."""
     if args.timeout <= 0:
         raise InvalidInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    credentials = credentials_from(args)
     console = Console()
     timeout = WATCH_TIMEOUT_S if args.ctl_command == "watch" else args.timeout
-    with SidecarClient(args.server, token=token, timeout_s=timeout) as client:
+    with SidecarClient(args.server, credentials=credentials, timeout_s=timeout) as client:
         if args.ctl_command == "watch":
             watch(client, console)
             return 0
         if args.ctl_command == "snapshot":
             return _snapshot(client, args.out)
+        if args.ctl_command == "health":
+            status = client.health()
+            print(status)
+            return 0 if status == "SERVING" else 1
         message, table = _VERBS[args.ctl_command](client, args)
     if args.output == "json":
         print(render.to_json(message))

@@ -8,6 +8,7 @@ Everything (records, data, logs) lives in the state directory.
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from lbd.devcluster.cluster import (
@@ -21,7 +22,7 @@ from lbd.devcluster.cluster import (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``lbd dev up``, ``lbd dev down`` and ``lbd dev addr``."""
+    """Add ``lbd dev up``, ``lbd dev down``, ``lbd dev addr`` and ``lbd dev env``."""
     group = sub.add_parser("dev", help="a local cluster for trying lbd out", description=__doc__)
     verbs = group.add_subparsers(dest="dev_command", metavar="VERB", required=True)
 
@@ -32,6 +33,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--traffic",
         action="store_true",
         help="brokers produce synthetic load, and the 16 bundles of public/demo are assigned",
+    )
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="a throwaway CA; TLS and auth for etcd, mutual TLS and roles for the sidecars' API",
     )
     p.add_argument(
         "--set",
@@ -52,10 +58,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--broker", metavar="ID", help="whose sidecar (default: the first)")
     p.set_defaults(func=run_addr)
 
+    p = verbs.add_parser(
+        "env", help="print the shell exports that give `lbd ctl` the admin's credentials"
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
+    p.set_defaults(func=run_env)
+
 
 def run_up(args: argparse.Namespace) -> int:
     """Start the cluster and print how to use it."""
-    spec = DevClusterSpec(brokers=args.brokers, traffic=args.traffic).with_overrides(args.settings)
+    spec = DevClusterSpec(
+        brokers=args.brokers, traffic=args.traffic, secure=args.secure
+    ).with_overrides(args.settings)
     print(f"starting {spec.brokers} sidecars and brokers in {args.state_dir} ...", flush=True)
     cluster = up(args.state_dir, spec)
     print(usage(cluster, args.state_dir))
@@ -77,6 +91,30 @@ def run_addr(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_env(args: argparse.Namespace) -> int:
+    """Print ``export LBD_CTL_...=...`` lines for the cluster's admin credentials."""
+    for line in env_lines(load_cluster(args.state_dir)):
+        print(line)
+    return 0
+
+
+_ENV_OF = {
+    "ca_file": "LBD_CTL_TLS_CA",
+    "cert_file": "LBD_CTL_TLS_CERT",
+    "key_file": "LBD_CTL_TLS_KEY",
+    "token": "LBD_CTL_TOKEN",
+}
+
+
+def env_lines(cluster: DevCluster) -> list[str]:
+    """The shell exports of the cluster's admin credentials (none for an open cluster)."""
+    return [
+        f"export {_ENV_OF[key]}={shlex.quote(value)}"
+        for key, value in cluster.client.items()
+        if key in _ENV_OF
+    ]
+
+
 def usage(cluster: DevCluster, state_dir: Path) -> str:
     """What to tell the operator once the cluster is up."""
     first = cluster.nodes[0].grpc_addr
@@ -91,14 +129,21 @@ def usage(cluster: DevCluster, state_dir: Path) -> str:
         for n in cluster.nodes
     )
     topic = f"persistent://{DEFAULT_NAMESPACE}/my-topic"
+    c = cluster.client
+    grpcurl = "grpcurl -plaintext"
+    if "ca_file" in c:
+        grpcurl = f"grpcurl -cacert {c['ca_file']} -cert {c['cert_file']} -key {c['key_file']}"
+    if "token" in c:
+        grpcurl += " -H 'authorization: Bearer '\"$LBD_CTL_TOKEN\""
+    lines += ["", "Try:"]
+    if c:
+        lines.append(f'  eval "$(lbd dev env --state-dir {state_dir})"   # lbd ctl as the admin')
     lines += [
-        "",
-        "Try:",
         f"  lbd ctl --server {first} watch",
         f"  lbd ctl --server {first} lookup {topic}",
         f"  lbd ctl --server {first} bundles",
-        f'  grpcurl -plaintext -d \'{{"topic": "{topic}"}}\' {first} lbd.v1.LoadBalancer/Lookup',
-        f"  grpcurl -plaintext {first} lbd.v1.Admin/ListBrokers",
+        f'  {grpcurl} -d \'{{"topic": "{topic}"}}\' {first} lbd.v1.LoadBalancer/Lookup',
+        f"  {grpcurl} {first} lbd.v1.Admin/ListBrokers",
         "",
         f"Stop it with: lbd dev down --state-dir {state_dir}",
     ]

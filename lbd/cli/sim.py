@@ -15,6 +15,7 @@ import signal
 from pathlib import Path
 
 from lbd.cli import sim_check
+from lbd.cli.ctl import add_credential_flags, credentials_from
 from lbd.core.errors import InvalidInputError
 from lbd.sim.broker import SimBrokerConfig, run_sim_broker
 from lbd.sim.workload import Workload, WorkloadSpec
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--sidecar", required=True, metavar="HOST:PORT", help="the sidecar's gRPC API")
     p.add_argument("--broker-id", required=True, metavar="ID", help="this broker's id")
+    add_credential_flags(p)
     p.add_argument(
         "--topics-per-bundle", type=int, default=10, metavar="N", help="topics per bundle served"
     )
@@ -71,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
     config = SimBrokerConfig(
-        sidecar=args.sidecar, broker_id=args.broker_id, report_interval_s=args.report_interval
+        sidecar=args.sidecar,
+        broker_id=args.broker_id,
+        report_interval_s=args.report_interval,
+        credentials=credentials_from(args),
     )
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

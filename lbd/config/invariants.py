@@ -220,6 +220,57 @@ def _history_uri(s: Settings) -> str | None:
     return None
 
 
+_LOOPBACK_HOSTS = ("localhost", "[::1]")
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether ``HOST:PORT`` listens on the loopback interface only."""
+    host = addr.rpartition(":")[0]
+    return host in _LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def authenticates(s: Settings) -> bool:
+    """Whether the gRPC API knows any credential (so that anonymous callers are not admins)."""
+    return (
+        s.grpc.admin_token is not None
+        or s.auth.tokens_file is not None
+        or s.auth.token_key_file is not None
+        or s.grpc.mutual_tls
+    )
+
+
+def _exposed_without_protection(s: Settings) -> str | None:
+    if is_loopback(s.grpc.addr) or s.grpc.allow_insecure:
+        return None
+    missing = []
+    if s.grpc.tls_cert_file is None:
+        missing.append("TLS (grpc.tls_cert_file, grpc.tls_key_file)")
+    if not authenticates(s):
+        missing.append(
+            "authentication (grpc.tls_ca_file for client certificates, auth.tokens_file, "
+            "auth.token_key_file or grpc.admin_token)"
+        )
+    elif s.auth.anonymous_role == "admin":
+        missing.append('authentication (auth.anonymous_role = "admin" lets anyone in)')
+    if not missing:
+        return None
+    return (
+        f"{s.grpc.addr} is reachable from other hosts, but the API has no "
+        + " and no ".join(missing)
+        + ": anyone reaching the port could claim to be a broker or act as an admin. "
+        "Configure them, or set grpc.allow_insecure = true on an isolated network"
+    )
+
+
+def _anonymous_admin_with_credentials(s: Settings) -> str | None:
+    if s.auth.anonymous_role != "admin" or not authenticates(s):
+        return None
+    return (
+        'is "admin" while credentials are configured: every caller without them would be '
+        'an admin, which makes the credentials pointless; use "none" or "reader"'
+    )
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(("etcd.keepalive_interval_s", "etcd.lease_ttl_s"), _keepalive_vs_ttl),
     Invariant(
@@ -270,6 +321,19 @@ INVARIANTS: tuple[Invariant, ...] = (
     ),
     Invariant(("metrics.addr", "grpc.addr"), _distinct_listeners),
     Invariant(("history.uri", "history.enabled"), _history_uri),
+    Invariant(
+        (
+            "grpc.addr",
+            "grpc.allow_insecure",
+            "grpc.tls_cert_file",
+            "grpc.admin_token",
+            "auth.tokens_file",
+            "auth.token_key_file",
+            "auth.anonymous_role",
+        ),
+        _exposed_without_protection,
+    ),
+    Invariant(("auth.anonymous_role", "grpc.admin_token"), _anonymous_admin_with_credentials),
 )
 
 

@@ -198,6 +198,8 @@ class _Merged:
         attr = toml_keys(model).get(field)
         if attr and _is_secret(model, attr):
             return f"{origin}: {path}: {message} (value hidden)"
+        if not loc:  # a rule over the whole section: its input is every key, secrets included
+            return f"{origin}: {path}: {message}"
         return f"{origin}: {path}: {message} (got {toml_value(err['input'])})"
 
 

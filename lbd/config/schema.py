@@ -10,9 +10,11 @@ Cross-field rules (timing invariants and the like) live in :mod:`lbd.config.inva
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import fields
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
@@ -23,6 +25,8 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -137,6 +141,16 @@ def _check_auto_split_algorithm(value: str) -> str:
     return value
 
 
+def _check_file(value: str) -> str:
+    """A path to a readable file (certificates, keys, tokens)."""
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"{value}: no such file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{value}: not readable by this user")
+    return value
+
+
 def _upper(value: object) -> object:
     return value.upper() if isinstance(value, str) else value
 
@@ -233,6 +247,92 @@ class EtcdSettings(Section):
     """Pause before a sidecar retries what met an etcd or channel outage (a registration, a
     proposal of its reconciliation, a campaign). Below lease_ttl_s, so a retry comes within one
     lease lifetime."""
+    ca_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA bundle etcd's server certificate must chain to; needs https:// endpoints. Empty
+    with https:// endpoints: the system trust roots (OpenSSL's default CA file, which env
+    SSL_CERT_FILE overrides; gRPC's bundled roots where there is none). Read again whenever the
+    client is made anew (a fail-over, a failed TLS handshake), so a renewed bundle needs no
+    restart."""
+    cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM client certificate lbd presents to etcd (for etcd's --client-cert-auth); needs
+    key_file and https:// endpoints. Read again whenever the client is made anew (a fail-over, a
+    failed TLS handshake), so a renewed certificate is picked up without a restart. Empty: no
+    client certificate."""
+    key_file: Annotated[OptStr, _unless_none(_check_file)] = Field(
+        default=None, validate_default=True
+    )
+    """PEM private key of cert_file."""
+    username: OptStr = None
+    """etcd user lbd authenticates as (etcd's `auth enable`); needs password. Its roles must
+    grant read and write on cluster.etcd_prefix. Empty: no etcd authentication."""
+    password: Annotated[SecretStr | None, BeforeValidator(_blank_to_none)] = Field(
+        default=None, validate_default=True
+    )
+    """Password of username. Prefer env LBD_ETCD__PASSWORD to keep it out of files. Over
+    http:// endpoints it travels in clear text: use https:// outside a trusted network."""
+
+    @field_validator("endpoints", mode="after")
+    @classmethod
+    def _one_scheme(cls, value: list[str]) -> list[str]:
+        if len({urlsplit(url).scheme for url in value}) > 1:
+            raise ValueError(
+                "must not mix http:// and https://: every member is reached the same way"
+            )
+        return value
+
+    @field_validator("ca_file", "cert_file", mode="after")
+    @classmethod
+    def _file_needs_https(cls, value: str | None, info: ValidationInfo) -> str | None:
+        endpoints = info.data.get("endpoints")  # absent when invalid: reported on its own
+        if value is not None and endpoints and urlsplit(endpoints[0]).scheme != "https":
+            raise ValueError(
+                f"needs https:// endpoints, not {endpoints[0]!r}: TLS settings have no effect "
+                "on a plaintext connection"
+            )
+        return value
+
+    @field_validator("key_file", mode="after")
+    @classmethod
+    def _key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Runs for the default too (validate_default), so a certificate without a key is caught.
+        if "cert_file" not in info.data:
+            return value  # an invalid cert_file is reported on its own
+        if value is None and info.data["cert_file"] is not None:
+            raise ValueError("must be set too: cert_file is set, and the two go together")
+        if value is not None and info.data["cert_file"] is None:
+            raise ValueError("needs cert_file: set both or neither")
+        return value
+
+    @field_validator("password", mode="after")
+    @classmethod
+    def _password_with_username(
+        cls, value: SecretStr | None, info: ValidationInfo
+    ) -> SecretStr | None:
+        # Runs for the default too (validate_default), so a username without a password is caught.
+        if "username" not in info.data:
+            return value
+        if value is None and info.data["username"] is not None:
+            raise ValueError("must be set too: username is set, and the two go together")
+        if value is not None and info.data["username"] is None:
+            raise ValueError("needs username: set both or neither")
+        return value
+
+
+_TLS_SCHEMES = ("pulsar+ssl", "https")
+_ONE_AUTHENTICATION = (
+    "{key} and tls_cert_file exclude each other: Pulsar takes one authentication, "
+    "a token or a TLS client certificate"
+)
+
+
+def _require_tls_url(info: ValidationInfo) -> None:
+    """Fail unless the service_url validated before the key being checked is a TLS one."""
+    url = info.data.get("service_url")  # absent when invalid: reported on its own
+    if url is not None and urlsplit(url).scheme not in _TLS_SCHEMES:
+        raise ValueError(
+            f"needs a pulsar+ssl:// or https:// service_url, not {url!r}: "
+            "TLS settings have no effect on a plaintext connection"
+        )
 
 
 class PulsarSettings(Section):
@@ -260,6 +360,84 @@ class PulsarSettings(Section):
         "non-persistent://pulsar/system/loadbalancer-top-bundles-load-data"
     )
     """TopBundlesLoadData, keyed by broker id, read by the leader (DESIGN §3)."""
+    tls_trust_certs_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA bundle the brokers' certificates must chain to; needs a pulsar+ssl:// or https://
+    service_url. Empty with such a URL: the system's CA bundle (OpenSSL's default file, which
+    env SSL_CERT_FILE overrides), or the certifi bundle of the Pulsar client if there is none."""
+    tls_cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM client certificate: lbd authenticates to Pulsar with it (Pulsar's TLS
+    authentication; the certificate's CN is the role). Needs tls_key_file and a pulsar+ssl:// or
+    https:// service_url; excludes auth_token and auth_token_file (Pulsar takes one
+    authentication). Empty: no client certificate."""
+    tls_key_file: Annotated[OptStr, _unless_none(_check_file)] = Field(
+        default=None, validate_default=True
+    )
+    """PEM private key of tls_cert_file."""
+    tls_validate_hostname: bool = True
+    """Refuse a broker whose certificate does not name the host lbd connects to (the Pulsar
+    client's own default is off). Only meaningful with a pulsar+ssl:// or https:// service_url."""
+    tls_allow_insecure_connection: bool = False
+    """Accept any broker certificate, trusted or not. For testing only: whoever sits on the path
+    can then pose as the cluster, read the channel and forge ownership claims."""
+    auth_token_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """File holding the token lbd presents to Pulsar (surrounding whitespace ignored). Re-read
+    each time the client opens a connection to a broker, so a rotated token is used from the
+    next reconnection on, without a restart. Excludes auth_token and tls_cert_file."""
+    auth_token: Annotated[SecretStr | None, BeforeValidator(_blank_to_none)] = None
+    """Token (a JWT, as `pulsar tokens create` makes) lbd presents to Pulsar. Prefer env
+    LBD_PULSAR__AUTH_TOKEN or auth_token_file to keep it out of files. Over pulsar:// it
+    travels in clear text: use pulsar+ssl:// outside a trusted network. Empty: no token."""
+
+    @field_validator("tls_trust_certs_file", "tls_cert_file", mode="after")
+    @classmethod
+    def _file_needs_tls(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            _require_tls_url(info)
+        return value
+
+    @field_validator("tls_validate_hostname", mode="after")
+    @classmethod
+    def _unchecked_host_needs_tls(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value:
+            _require_tls_url(info)
+        return value
+
+    @field_validator("tls_allow_insecure_connection", mode="after")
+    @classmethod
+    def _insecure_needs_tls(cls, value: bool, info: ValidationInfo) -> bool:
+        if value:
+            _require_tls_url(info)
+        return value
+
+    @field_validator("tls_key_file", mode="after")
+    @classmethod
+    def _key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Runs for the default too (validate_default), so a certificate without a key is caught.
+        if "tls_cert_file" not in info.data:
+            return value  # an invalid tls_cert_file is reported on its own
+        if value is None and info.data["tls_cert_file"] is not None:
+            raise ValueError("must be set too: tls_cert_file is set, and the two go together")
+        if value is not None and info.data["tls_cert_file"] is None:
+            raise ValueError("needs tls_cert_file: set both or neither")
+        return value
+
+    @field_validator("auth_token_file", mode="after")
+    @classmethod
+    def _one_authentication_by_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("tls_cert_file") is not None:
+            raise ValueError(_ONE_AUTHENTICATION.format(key="auth_token_file"))
+        return value
+
+    @field_validator("auth_token", mode="after")
+    @classmethod
+    def _one_authentication(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is None:
+            return value
+        if info.data.get("auth_token_file") is not None:
+            raise ValueError("auth_token and auth_token_file exclude each other: set one")
+        if info.data.get("tls_cert_file") is not None:
+            raise ValueError(_ONE_AUTHENTICATION.format(key="auth_token"))
+        return value
 
 
 class BrokerSettings(Section):
@@ -305,16 +483,85 @@ class GrpcSettings(Section):
     """``[grpc]``: the sidecar's gRPC server (LoadBalancer and Admin services, DESIGN §6)."""
 
     addr: HostPort = "127.0.0.1:7000"
-    """Listen address. Loopback by default: the broker runs beside the sidecar; bind wider only
-    with admin_token set."""
+    """Listen address. Loopback by default: the broker runs beside the sidecar. A non-loopback
+    address needs TLS (tls_cert_file) and authentication ([auth], admin_token or client
+    certificates) unless allow_insecure is set."""
     advertised_addr: Annotated[OptStr, _unless_none(_check_host_port)] = None
     """Address other sidecars and `lbd ctl` use to reach this one, stored in the registry.
     Empty: addr (set it when addr binds 0.0.0.0 or [::])."""
     admin_token: Annotated[SecretStr | None, BeforeValidator(_blank_to_none)] = None
-    """Bearer token the Admin service requires. Empty: no authentication, acceptable only while
-    addr is loopback. Prefer env LBD_GRPC__ADMIN_TOKEN to keep it out of files."""
+    """A static bearer token with the admin role (the identity "admin"). Setting it turns
+    authentication on: callers without credentials are then refused, brokers included. Prefer
+    env LBD_GRPC__ADMIN_TOKEN to keep it out of files; [auth] has per-identity tokens."""
+    tls_cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM certificate chain of this sidecar. Set: the port speaks TLS only, and this sidecar
+    presents the certificate as its client certificate when it forwards calls to other sidecars.
+    Reloaded when the file changes (new connections get the new one). Empty: plaintext."""
+    tls_key_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM private key of tls_cert_file."""
+    tls_ca_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA bundle: other sidecars' certificates must chain to it (forwarding), and so must
+    client certificates when tls_client_auth is "require". Reloaded when the file changes."""
+    tls_client_auth: Literal["require", "none"] = "require"
+    """With tls_ca_file set: "require" is mutual TLS, every client must present a certificate
+    signed by tls_ca_file (its subject names the caller, see auth.cert_roles); "none" asks for
+    no certificate, callers authenticate with tokens."""
+    allow_insecure: bool = False
+    """Allow a non-loopback addr without TLS or without authentication. Anyone who reaches the
+    port could then claim to be any broker or act as an admin: for isolated test networks only."""
     shutdown_grace_s: Seconds = 5.0
     """On shutdown, in-flight RPCs get this long to finish before they are cancelled."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file (TLS)")
+        return self
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Whether every client must present a certificate."""
+        return self.tls_ca_file is not None and self.tls_client_auth == "require"
+
+
+ROLES = ("reader", "broker", "admin")
+
+
+def _check_cert_role(value: str) -> str:
+    organization, sep, role = value.rpartition("=")
+    if not sep or not organization or role not in ROLES:
+        raise ValueError(
+            f"{value!r} must read ORGANIZATION=ROLE with ROLE one of {', '.join(ROLES)}"
+        )
+    return value
+
+
+class AuthSettings(Section):
+    """``[auth]``: who may call the gRPC API (docs/security.md). Roles: reader (Lookup,
+    WatchOwnership, List*, GetLoad, GetLeader), broker (a reader that may hold the BrokerSession
+    of its own broker id), admin (everything)."""
+
+    tokens_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """Static bearer tokens, one per line: "<role> <name> <token>" (a broker's name is its
+    broker id); '#' starts a comment. Re-read when it changes. Keep it readable by lbd only."""
+    token_key_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """Secret key (at least 32 bytes) of signed tokens: JWTs with HS256 whose "sub" is the
+    name and "role" the role, as `lbd auth token` mints them. Empty: no signed tokens."""
+    cert_roles: list[Annotated[str, AfterValidator(_check_cert_role)]] = Field(
+        default_factory=lambda: [f"{r}={r}" for r in ROLES]
+    )
+    """With mutual TLS: a client certificate's organization (O) -> role, as ORGANIZATION=ROLE.
+    Its common name (CN) is the caller's name (a broker's is its broker id). A certificate
+    whose organization is not listed is refused."""
+    anonymous_role: Literal["auto", "none", "reader", "admin"] = "auto"
+    """The role of a caller presenting no credential. "auto": admin while no credential is
+    configured at all (a loopback sidecar, as in `lbd dev up`), none as soon as one is."""
+
+    def role_map(self) -> dict[str, str]:
+        """Certificate organization -> role name."""
+        return dict(entry.rpartition("=")[::2] for entry in self.cert_roles)
 
 
 class MetricsSettings(Section):
@@ -493,6 +740,7 @@ class Settings(BaseModel):
     pulsar: PulsarSettings = Field(default_factory=PulsarSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     grpc: GrpcSettings = Field(default_factory=GrpcSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     shedding: SheddingSettings = Field(default_factory=SheddingSettings)
     split: SplitSettings = Field(default_factory=SplitSettings)

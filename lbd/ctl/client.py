@@ -6,13 +6,16 @@ command line can print it as one line; a call never hangs longer than its deadli
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
 import grpc
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.errors import LbdError
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 
@@ -35,15 +38,23 @@ class RpcFailure(LbdError):
 
 
 class SidecarClient:
-    """Calls to the sidecar at ``server`` (HOST:PORT), with a bearer token when given."""
+    """Calls to the sidecar at ``server`` (HOST:PORT) with ``credentials`` (TLS, a token), or
+    with a bare bearer ``token``."""
 
     def __init__(
-        self, server: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        credentials: ClientCredentials = INSECURE,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.server = server
         self._timeout_s = timeout_s
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self._channel = grpc.insecure_channel(server)
+        if token:
+            credentials = dataclasses.replace(credentials, token=token, token_file=None)
+        self._metadata = credentials.metadata()
+        self._channel = credentials.channel(server)
         self._lb = lbd_pb2_grpc.LoadBalancerStub(self._channel)
         self._admin = lbd_pb2_grpc.AdminStub(self._channel)
 
@@ -79,6 +90,12 @@ class SidecarClient:
     def brokers(self) -> lbd_pb2.ListBrokersResponse:
         """Registered brokers, with the leader and their owned-bundle counts."""
         return self._call(self._admin.ListBrokers, lbd_pb2.ListBrokersRequest())
+
+    def health(self) -> str:
+        """The sidecar's overall ``grpc.health.v1`` status name (``SERVING``, ``NOT_SERVING``)."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=""))
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
     def leader(self) -> lbd_pb2.GetLeaderResponse:
         """The leader and its term."""

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lbd.broker.credentials import ClientCredentials
 from lbd.config import load_settings
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
 from lbd.devcluster.processes import settings_env
@@ -89,6 +90,9 @@ class DevClusterSpec:
     """Simulated brokers produce load, and every bundle of ``public/demo`` is assigned."""
     settings: Mapping[str, str] = field(default_factory=lambda: dict(DEV_SETTINGS))
     namespace_bundles: int = TRAFFIC_NAMESPACE_BUNDLES
+    secure: bool = False
+    """TLS and authentication everywhere: etcd, the sidecars' API, brokers, ``lbd ctl``
+    (:mod:`lbd.devcluster.secure`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.brokers <= 32:
@@ -104,13 +108,17 @@ class DevClusterSpec:
             if not sep or key.count(".") != 1 or not all(key.split(".")):
                 raise InvalidInputError(f"--set expects section.key=value, got {pair!r}")
             settings[key.strip()] = value.strip()
-        return DevClusterSpec(self.brokers, self.traffic, settings, self.namespace_bundles)
+        return DevClusterSpec(
+            self.brokers, self.traffic, settings, self.namespace_bundles, self.secure
+        )
 
     def to_args(self) -> list[str]:
         """The spec as supervisor command-line arguments."""
         args = [f"--brokers={self.brokers}", f"--namespace-bundles={self.namespace_bundles}"]
         if self.traffic:
             args.append("--traffic")
+        if self.secure:
+            args.append("--secure")
         args.extend(f"--set={k}={v}" for k, v in self.settings.items())
         return args
 
@@ -150,6 +158,24 @@ class DevCluster:
     pulsar: ProcessRecord
     nodes: tuple[NodeRecord, ...]
     settings: dict[str, str]
+    client: dict[str, str] = field(default_factory=dict)
+    """How an operator reaches the sidecars: ``ca_file``, ``cert_file``, ``key_file`` of the
+    admin's certificate (a secure cluster), ``token`` (``grpc.admin_token`` set); empty when
+    the sidecars authenticate nobody."""
+
+    def credentials(self) -> ClientCredentials:
+        """The admin's client credentials (see :attr:`client`)."""
+        c = self.client
+
+        def path(key: str) -> Path | None:
+            return Path(c[key]) if c.get(key) else None
+
+        return ClientCredentials(
+            ca_file=path("ca_file"),
+            cert_file=path("cert_file"),
+            key_file=path("key_file"),
+            token=c.get("token") or None,
+        )
 
     def node(self, broker_id: str | None = None) -> NodeRecord:
         """The node of ``broker_id`` (None: the first); NotFoundError when there is none."""
@@ -196,6 +222,7 @@ class DevCluster:
                     for n in data["nodes"]
                 ),
                 settings=dict(data["settings"]),
+                client=dict(data.get("client", {})),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"not a dev cluster record: {e}") from None

@@ -16,15 +16,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.devcluster.ports import LOOPBACK
 from lbd.devcluster.servers import DEFAULT_START_TIMEOUT_S, ManagedServer
 
 ENV_PREFIX = "LBD_"
 
 
-def health_serving(addr: str, timeout_s: float) -> bool:
+def health_serving(addr: str, timeout_s: float, credentials: ClientCredentials = INSECURE) -> bool:
     """Whether the gRPC server at ``addr`` reports SERVING for its overall health; never raises."""
-    with grpc.insecure_channel(addr) as channel:
+    with credentials.channel(addr) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -85,8 +86,11 @@ class SidecarProcess(_LbdProcess):
         pulsar_url: str,
         env: Mapping[str, str],
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        credentials: ClientCredentials = INSECURE,
     ) -> None:
+        """``credentials``: how the health probe reaches the sidecar (TLS)."""
         self.broker_id = broker_id
+        self._credentials = credentials
         self.grpc_addr = f"{LOOPBACK}:{grpc_port}"
         self.metrics_addr = f"{LOOPBACK}:{metrics_port}"
         args = [
@@ -105,7 +109,7 @@ class SidecarProcess(_LbdProcess):
         return self.grpc_addr
 
     def _probe(self, timeout_s: float) -> bool:
-        return health_serving(self.grpc_addr, timeout_s)
+        return health_serving(self.grpc_addr, timeout_s, self._credentials)
 
 
 class SimBrokerProcess(_LbdProcess):
@@ -122,9 +126,20 @@ class SimBrokerProcess(_LbdProcess):
         msg_rate: float,
         seed: int,
         env: Mapping[str, str],
+        credentials: ClientCredentials = INSECURE,
     ) -> None:
+        """``credentials``: the broker's TLS files (a token goes in ``env``, never in argv)."""
         self.broker_id = broker_id
         self.sidecar_addr = sidecar_addr
+        tls = [
+            f"{flag}={path}"
+            for flag, path in (
+                ("--tls-ca", credentials.ca_file),
+                ("--tls-cert", credentials.cert_file),
+                ("--tls-key", credentials.key_file),
+            )
+            if path is not None
+        ]
         args = [
             "sim",
             "broker",
@@ -133,6 +148,7 @@ class SimBrokerProcess(_LbdProcess):
             f"--msg-rate={msg_rate:g}",
             f"--seed={seed}",
             f"--events-file={workdir.resolve() / 'events.jsonl'}",
+            *tls,
         ]
         super().__init__(workdir, args, env)
 

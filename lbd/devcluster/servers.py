@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from lbd.core.errors import LbdError
+from lbd.devcluster.pki import CertFiles
 from lbd.devcluster.ports import LOOPBACK, free_port, free_ports
 
 DEFAULT_START_TIMEOUT_S = 15.0
@@ -307,6 +309,19 @@ class EtcdServer(ManagedServer):
     Raft timing defaults to 5x faster than etcd's own (100 ms heartbeat, 1000 ms election): the
     member elects itself in about a tenth of a second instead of a second, and the shortest lease
     etcd grants (1.5 election timeouts, rounded up) is 1 s instead of 2 s.
+
+    Optionally secure: ``tls`` (the server's certificate and key) makes the client port speak
+    TLS only (``client_url`` is then ``https://``); ``client_ca_file`` with it requires client
+    certificates signed by that CA (``--client-cert-auth``). ``root_password`` turns etcd's
+    authentication on after the first start: user ``root`` with that password and the root role,
+    then ``auth enable`` (through ``etcdctl``); a restart finds it on already.
+    ``auth_token_ttl_s`` is how long etcd keeps an unused token (etcd's default, 300 s, if None);
+    a short one makes clients meet expired tokens.
+
+    The health probe and :meth:`etcdctl` present the server's own certificate as their client
+    certificate, so ``tls.cert`` must be good for client authentication too (:meth:`DevPki.issue`
+    makes every certificate so) and signed by ``client_ca_file``. The raft peer port stays
+    plaintext: it is loopback-only and has a single member.
     """
 
     name = "etcd"
@@ -319,11 +334,23 @@ class EtcdServer(ManagedServer):
         peer_port: int | None = None,
         heartbeat_interval_ms: int = 50,
         election_timeout_ms: int = 250,
+        tls: CertFiles | None = None,
+        client_ca_file: Path | None = None,
+        root_password: str | None = None,
+        auth_token_ttl_s: int | None = None,
         binary: Path | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
+        if client_ca_file is not None and tls is None:
+            raise ServerError("etcd: client_ca_file needs tls (a server certificate)")
+        if root_password == "":
+            raise ServerError("etcd: root_password must not be empty")
         resolved = _check_binary(binary) if binary is not None else find_etcd()
+        self._tls = tls
+        self._client_ca_file = client_ca_file
+        self._root_password = root_password
+        self._auth_token_ttl_s = auth_token_ttl_s
         if client_port is None or peer_port is None:
             spare = iter(free_ports(2))
             client_port = client_port if client_port is not None else next(spare)
@@ -343,8 +370,24 @@ class EtcdServer(ManagedServer):
 
     @property
     def client_url(self) -> str:
-        """The client URL, as given to ``--etcd-endpoints``."""
-        return f"http://{LOOPBACK}:{self._client_port}"
+        """The client URL, as given to ``--etcd-endpoints``: ``https://`` with ``tls``."""
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{LOOPBACK}:{self._client_port}"
+
+    @property
+    def tls(self) -> CertFiles | None:
+        """The server's certificate and key, if the client port speaks TLS."""
+        return self._tls
+
+    @property
+    def client_ca_file(self) -> Path | None:
+        """The CA that client certificates must chain to, if etcd requires them."""
+        return self._client_ca_file
+
+    @property
+    def root_password(self) -> str | None:
+        """The password of etcd user ``root``, if authentication is on."""
+        return self._root_password
 
     @property
     def peer_url(self) -> str:
@@ -376,15 +419,105 @@ class EtcdServer(ManagedServer):
             f"--election-timeout={self._election_timeout_ms}",
             "--logger=zap",
             "--log-outputs=stderr",
+            *self._security_flags(),
         ]
 
+    def _security_flags(self) -> list[str]:
+        flags = []
+        if self._tls is not None:
+            flags += [f"--cert-file={self._tls.cert}", f"--key-file={self._tls.key}"]
+        if self._client_ca_file is not None:
+            flags += [f"--trusted-ca-file={self._client_ca_file}", "--client-cert-auth"]
+        if self._auth_token_ttl_s is not None:
+            flags.append(f"--auth-token-ttl={self._auth_token_ttl_s}")
+        return flags
+
     def _environment(self) -> Mapping[str, str]:
-        # etcd reads every flag from ETCD_* too; a developer's own settings must not leak in.
-        return {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+        # etcd reads every flag from ETCD_* too (etcdctl from ETCDCTL_*); a developer's own
+        # settings must not leak in.
+        return {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "ETCDCTL_"))}
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Start as :meth:`ManagedServer.start` does, then turn authentication on if asked."""
+        if self.is_running:
+            return
+        super().start(timeout_s)
+        if self._root_password is None:
+            return
+        try:
+            self._enable_auth(self._root_password)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _enable_auth(self, password: str) -> None:
+        # As root first: that succeeds when auth is on already (a restart) and when root exists
+        # with auth off (a start that stopped half-way); only a new etcd needs the user made.
+        try:
+            self.etcdctl("auth", "enable")
+            return
+        except ServerError:
+            pass
+        new_user = ("user", "add", "root", "--interactive=false", f"--new-user-password={password}")
+        self.etcdctl(*new_user, as_root=False)
+        # etcdctl's auth enable also makes the root role and grants it to root.
+        self.etcdctl("auth", "enable")
+
+    def etcdctl(self, *args: str, as_root: bool = True) -> str:
+        """Run ``etcdctl`` (v3 API) against this server and return its output.
+
+        It presents the server's certificate when etcd requires client certificates, and logs in
+        as ``root`` when ``as_root`` and authentication is configured. :class:`ServerError` with
+        the output if it fails.
+        """
+        command = [str(find_etcdctl()), f"--endpoints={self.client_url}", "--dial-timeout=2s"]
+        if self._tls is not None:
+            command.append(
+                f"--cacert={self._client_ca_file}"
+                if self._client_ca_file is not None
+                else "--insecure-skip-tls-verify"
+            )
+            if self._client_ca_file is not None:
+                command += [f"--cert={self._tls.cert}", f"--key={self._tls.key}"]
+        if as_root and self._root_password is not None:
+            command.append(f"--user=root:{self._root_password}")
+        try:
+            done = subprocess.run(
+                [*command, *args],
+                env={**self._environment(), "ETCDCTL_API": "3"},
+                capture_output=True,
+                timeout=self._start_timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            # Not str(e): it quotes the command line, password included.
+            raise ServerError(
+                f"etcdctl {' '.join(args[:2])} against {self.client_url}: no answer within "
+                f"{self._start_timeout_s:g}s"
+            ) from e
+        except OSError as e:
+            raise ServerError(f"cannot run etcdctl: {e}") from e
+        if done.returncode != 0:
+            raise ServerError(
+                f"etcdctl {' '.join(args[:2])} against {self.client_url} failed with code "
+                f"{done.returncode}: {done.stderr.decode(errors='replace').strip()}"
+            )
+        return done.stdout.decode(errors="replace")
 
     def _probe(self, timeout_s: float) -> bool:
         # http.client, not urllib: urllib would honour an http_proxy meant for the outside world.
-        conn = http.client.HTTPConnection(LOOPBACK, self._client_port, timeout=timeout_s)
+        # /health answers without credentials even when authentication is on.
+        conn: http.client.HTTPConnection
+        if self._tls is None:
+            conn = http.client.HTTPConnection(LOOPBACK, self._client_port, timeout=timeout_s)
+        else:
+            try:
+                context = self._probe_tls()
+            except OSError:  # the certificate files are gone or broken (ssl.SSLError included)
+                return False
+            conn = http.client.HTTPSConnection(
+                LOOPBACK, self._client_port, timeout=timeout_s, context=context
+            )
         try:
             conn.request("GET", "/health")
             response = conn.getresponse()
@@ -394,6 +527,18 @@ class EtcdServer(ManagedServer):
         finally:
             conn.close()
         return response.status == 200 and isinstance(body, dict) and body.get("health") == "true"
+
+    def _probe_tls(self) -> ssl.SSLContext:
+        # A liveness probe of our own child on loopback: it need not verify the server, only
+        # present the certificate etcd requires (the server's own, made again for each probe so a
+        # renewed one is used).
+        assert self._tls is not None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if self._client_ca_file is not None:
+            context.load_cert_chain(self._tls.cert, self._tls.key)
+        return context
 
 
 class PulsarLiteServer(ManagedServer):
@@ -480,6 +625,14 @@ def find_etcd() -> Path:
         raise ServerError(
             "etcd not found on PATH: install etcd-server (`make setup` runs scripts/ensure-etcd.sh)"
         )
+    return Path(found)
+
+
+def find_etcdctl() -> Path:
+    """The ``etcdctl`` executable on PATH, or :class:`ServerError` saying how to install it."""
+    found = shutil.which("etcdctl")
+    if found is None:
+        raise ServerError("etcdctl not found on PATH: install etcd-client")
     return Path(found)
 
 

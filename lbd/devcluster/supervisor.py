@@ -12,6 +12,7 @@ children in reverse order and removes ``cluster.json`` and its pid file. Its own
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.errors import LbdError
 from lbd.core.names import NamespaceName
@@ -40,6 +42,7 @@ from lbd.devcluster.cluster import (
 )
 from lbd.devcluster.ports import free_ports
 from lbd.devcluster.processes import SidecarProcess, SimBrokerProcess, settings_env
+from lbd.devcluster.secure import DevSecurity, make_security
 from lbd.devcluster.servers import EtcdServer, ManagedServer, PulsarLiteServer
 from lbd.sim.workload import Workload, WorkloadSpec
 
@@ -62,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--brokers", type=int, required=True)
     parser.add_argument("--namespace-bundles", type=int, required=True)
     parser.add_argument("--traffic", action="store_true")
+    parser.add_argument("--secure", action="store_true")
     parser.add_argument("--set", action="append", default=[], dest="settings")
     args = parser.parse_args(argv)
     state_dir: Path = args.state_dir.resolve()
-    spec = DevClusterSpec(args.brokers, args.traffic, {}, args.namespace_bundles).with_overrides(
-        args.settings
-    )
+    spec = DevClusterSpec(
+        args.brokers, args.traffic, {}, args.namespace_bundles, args.secure
+    ).with_overrides(args.settings)
     _detach(state_dir)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -128,7 +132,17 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     """Start every process (appended to ``children`` as soon as it exists) and wait until ready."""
     for old in (*state_dir.glob("broker-*"), state_dir / "etcd", state_dir / "pulsar"):
         shutil.rmtree(old, ignore_errors=True)
-    etcd = EtcdServer(state_dir / "etcd")
+    broker_ids = [f"broker-{i}" for i in range(1, spec.brokers + 1)]
+    security = make_security(state_dir, broker_ids) if spec.secure else None
+    if security is None:
+        etcd = EtcdServer(state_dir / "etcd")
+    else:
+        etcd = EtcdServer(
+            state_dir / "etcd",
+            tls=security.etcd_server,
+            client_ca_file=security.ca_file,
+            root_password=security.etcd_password,
+        )
     children.append(etcd)
     etcd.start()
     pulsar = PulsarLiteServer(state_dir / "pulsar", log_level="warn")
@@ -137,19 +151,22 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     _log.info("etcd at %s, pulsar-lite at %s", etcd.client_url, pulsar.service_url)
 
     env = settings_env(spec.settings)
+    operator = _operator_credentials(spec, security)
     ports = iter(free_ports(2 * spec.brokers))
     sidecars: list[SidecarProcess] = []
-    for i in range(1, spec.brokers + 1):
+    for broker_id in broker_ids:
+        own = {} if security is None else security.sidecar_settings(broker_id)
         sidecar = SidecarProcess(
-            state_dir / f"broker-{i}",
-            broker_id=f"broker-{i}",
+            state_dir / broker_id,
+            broker_id=broker_id,
             grpc_port=next(ports),
             metrics_port=next(ports),
             cluster=CLUSTER_NAME,
             etcd_endpoint=etcd.client_url,
             pulsar_url=pulsar.service_url,
-            env=env,
+            env=settings_env({**spec.settings, **own}),
             start_timeout_s=SIDECAR_START_TIMEOUT_S,
+            credentials=operator,
         )
         children.append(sidecar)
         sidecar.start()
@@ -164,13 +181,16 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
             sidecar_addr=sidecar.grpc_addr,
             msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
             seed=0,  # one seed for all: a bundle's traffic moves with it
-            env=env,
+            env=env,  # with grpc.admin_token set, the broker presents it
+            credentials=(
+                INSECURE if security is None else security.broker_credentials(sidecar.broker_id)
+            ),
         )
         children.append(sim)
         sim.start()
         sims.append(sim)
 
-    clients = [SidecarClient(s.grpc_addr, timeout_s=10.0) for s in sidecars]
+    clients = [SidecarClient(s.grpc_addr, credentials=operator, timeout_s=10.0) for s in sidecars]
     try:
         _wait_registered(clients, spec.brokers)
         if spec.traffic:
@@ -201,7 +221,26 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
             for sidecar, sim in zip(sidecars, sims, strict=True)
         ),
         settings=dict(spec.settings),
+        client=_client_record(operator),
     )
+
+
+def _operator_credentials(spec: DevClusterSpec, security: DevSecurity | None) -> ClientCredentials:
+    """How the supervisor (and the operator, through ``cluster.json``) calls the sidecars."""
+    token = spec.settings.get("grpc.admin_token") or None
+    if security is None:
+        return ClientCredentials(token=token)
+    return dataclasses.replace(security.admin_credentials(), token=token)
+
+
+def _client_record(credentials: ClientCredentials) -> dict[str, str]:
+    named = {
+        "ca_file": credentials.ca_file,
+        "cert_file": credentials.cert_file,
+        "key_file": credentials.key_file,
+        "token": credentials.token,
+    }
+    return {k: str(v) for k, v in named.items() if v is not None}
 
 
 def _record(pid: int | None, log: Path) -> ProcessRecord:

@@ -26,6 +26,7 @@ from typing import IO
 from lbd import __version__
 from lbd.broker import BrokerClient, BrokerHandler, NewOwner
 from lbd.broker.client import check_address
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import ResourceUsage
@@ -48,6 +49,8 @@ class SimBrokerConfig:
     report_interval_s: float = 1.0
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 2.0
+    credentials: ClientCredentials = INSECURE
+    """TLS files and token; the certificate's or token's name must be ``broker_id``."""
 
     def __post_init__(self) -> None:
         check_address(self.sidecar)
@@ -121,6 +124,7 @@ class SimBroker(BrokerHandler):
             report_interval_s=config.report_interval_s,
             reconnect_min_s=config.reconnect_min_s,
             reconnect_max_s=config.reconnect_max_s,
+            credentials=config.credentials,
         )
 
     @property

@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
 import pulsar
 import pytest
 
@@ -126,9 +125,9 @@ def producer(cluster: Cluster) -> Iterator[pulsar.Producer]:
         client.close()
 
 
-def watch_snapshot(addr: str) -> int:
+def watch_snapshot(cluster: Cluster, addr: str) -> int:
     """How many bundles a WatchOwnership stream's snapshot holds (it must end cleanly)."""
-    with grpc.insecure_channel(addr) as channel:
+    with cluster.channel(addr) as channel:
         stream = lbd_pb2_grpc.LoadBalancerStub(channel).WatchOwnership(
             lbd_pb2.WatchOwnershipRequest(namespace=NAMESPACE), timeout=10
         )
@@ -164,7 +163,7 @@ def test_a_forged_value_breaks_no_rpc_and_splits_no_table(
 
     wait_for("every sidecar's table the same", same, 10)
     for node in cluster.record.nodes:
-        assert watch_snapshot(node.grpc_addr) == BUNDLES
+        assert watch_snapshot(cluster, node.grpc_addr) == BUNDLES
     after = cluster.owners(NAMESPACE)
     assert len(after) == BUNDLES, f"{kind}: a bundle is no longer Owned: {after}"
     assert dual_serving(serving_intervals(cluster.events(), cluster.killed_at_ns)) == []

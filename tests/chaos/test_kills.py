@@ -96,7 +96,9 @@ def test_kill_9_of_the_leader_during_20_concurrent_transfers(cluster: Cluster) -
 
     def transfer(move: tuple[str, str, str]) -> lbd_pb2.TransferResponse | RpcFailure:
         bundle, dst, via = move
-        with SidecarClient(cluster.addr(via), timeout_s=60) as client:
+        with SidecarClient(
+            cluster.addr(via), credentials=cluster.credentials, timeout_s=60
+        ) as client:
             try:
                 return client.transfer(bundle, dst)
             except RpcFailure as e:

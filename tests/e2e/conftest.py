@@ -8,6 +8,8 @@ serves: at no instant do two brokers serve the same bundle.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,8 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from lbd.broker.credentials import ClientCredentials
+from lbd.cli.dev import env_lines
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
@@ -32,14 +36,22 @@ UP_TIMEOUT_S = 120
 _T = TypeVar("_T")
 
 
-def lbd(*args: str, timeout_s: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    """Run the ``lbd`` command line of this interpreter."""
+SECURE = os.environ.get("LBD_TEST_SECURE", "") not in ("", "0")
+"""Run every dev cluster of the e2e and chaos suites with ``--secure`` (``make test`` runs the
+two suites once more so; README "Security")."""
+
+
+def lbd(
+    *args: str, timeout_s: float = UP_TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``lbd`` command line of this interpreter (``env`` added to this one's)."""
     return subprocess.run(
         [sys.executable, "-m", "lbd.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -67,18 +79,42 @@ class Cluster:
     def broker_ids(self) -> list[str]:
         return [n.broker_id for n in self.record.nodes]
 
-    def client(self, broker_id: str | None = None) -> SidecarClient:
-        """A client of ``broker_id``'s sidecar (None: the first)."""
+    @property
+    def credentials(self) -> ClientCredentials:
+        """The admin's credentials (TLS files of a ``--secure`` cluster; none otherwise)."""
+        return self.record.credentials()
+
+    def client(self, broker_id: str | None = None, *, timeout_s: float = 20) -> SidecarClient:
+        """A client of ``broker_id``'s sidecar (None: the first), as the admin."""
         node = self.record.node(broker_id)
-        if node.broker_id not in self.clients:
-            self.clients[node.broker_id] = SidecarClient(node.grpc_addr, timeout_s=20)
-        return self.clients[node.broker_id]
+        key = f"{node.broker_id}/{timeout_s:g}"
+        if key not in self.clients:
+            self.clients[key] = SidecarClient(
+                node.grpc_addr, credentials=self.credentials, timeout_s=timeout_s
+            )
+        return self.clients[key]
+
+    def channel(self, addr: str) -> grpc.Channel:
+        """A blocking channel to ``addr`` with the admin's TLS files (the caller closes it)."""
+        return self.credentials.channel(addr)
 
     def stub(self, broker_id: str | None = None) -> lbd_pb2_grpc.LoadBalancerStub:
         """A raw LoadBalancer stub (for many concurrent calls); closed with the cluster."""
-        channel = grpc.insecure_channel(self.addr(broker_id))
+        channel = self.channel(self.addr(broker_id))
         self.channels.append(channel)
         return lbd_pb2_grpc.LoadBalancerStub(channel)
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``lbd ctl --server <first sidecar> ARGS`` as the admin (``--server`` may be given)."""
+        server = [] if "--server" in args else ["--server", self.addr()]
+        return lbd("ctl", *server, *args, env=_ctl_env(self.record))
+
+    def grpcurl_flags(self) -> list[str]:
+        """grpcurl's flags to reach the sidecars: ``-plaintext``, or the admin's TLS files."""
+        c = self.record.client
+        if "ca_file" not in c:
+            return ["-plaintext"]
+        return ["-cacert", c["ca_file"], "-cert", c["cert_file"], "-key", c["key_file"]]
 
     def addr(self, broker_id: str | None = None) -> str:
         return self.record.node(broker_id).grpc_addr
@@ -142,8 +178,21 @@ def serving_overlaps(cluster: Cluster) -> list[str]:
     return problems
 
 
-def start_cluster(state_dir: Path, brokers: int = 3, *settings: str) -> Cluster:
+def _ctl_env(record: DevCluster) -> dict[str, str]:
+    """What ``lbd dev env`` exports, as a dict."""
+    out = {}
+    for line in env_lines(record):
+        name, _, value = line.removeprefix("export ").partition("=")
+        out[name] = shlex.split(value)[0]
+    return out
+
+
+def start_cluster(
+    state_dir: Path, brokers: int = 3, *settings: str, secure: bool = SECURE
+) -> Cluster:
     args = ["dev", "up", "--brokers", str(brokers), "--state-dir", str(state_dir)]
+    if secure:
+        args.append("--secure")
     for s in settings:
         args += ["--set", s]
     started = lbd(*args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from lbd.core.bundles import NamespaceBundles, parse_bundle_id
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import Cluster, grpcurl_binary, lbd, serving_overlaps, wait_for
+from tests.e2e.conftest import Cluster, grpcurl_binary, serving_overlaps, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -85,7 +86,14 @@ def test_transfer_with_grpcurl_releases_on_the_source_before_the_destination_own
     dst = next(b for b in cluster.broker_ids if b != src)
     request = json.dumps({"bundle": bundle, "dst_broker_id": dst})
     done = subprocess.run(
-        [grpcurl_binary(), "-plaintext", "-d", request, cluster.addr(), "lbd.v1.Admin/Transfer"],
+        [
+            grpcurl_binary(),
+            *cluster.grpcurl_flags(),
+            "-d",
+            request,
+            cluster.addr(),
+            "lbd.v1.Admin/Transfer",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -113,7 +121,7 @@ def test_unload_frees_the_bundle_and_the_next_lookup_assigns_it_again(cluster: C
     cluster.client().create_namespace("e2e/unload", 4)
     topic = "persistent://e2e/unload/a"
     bundle, src = lookup_owner(cluster, topic)
-    done = lbd("ctl", "--server", cluster.addr(), "--output", "json", "unload", bundle)
+    done = cluster.ctl("--output", "json", "unload", bundle)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"bundle": bundle, "src_broker_id": src}
 
@@ -135,7 +143,7 @@ def test_split_gives_two_children_owned_by_the_parent_s_owner(cluster: Cluster) 
     cluster.client().create_namespace("e2e/split", 4)
     bundle, owner = lookup_owner(cluster, "persistent://e2e/split/a")
     via = next(b for b in cluster.broker_ids if b != owner)  # forwarded to the owner's sidecar
-    done = lbd("ctl", "--server", cluster.addr(via), "--output", "json", "split", bundle)
+    done = cluster.ctl("--server", cluster.addr(via), "--output", "json", "split", bundle)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     parent = parse_bundle_id(bundle).range
@@ -217,7 +225,7 @@ def test_bad_requests_get_their_status_and_a_clear_message_and_change_nothing(
 
 
 def test_ctl_prints_status_errors_as_one_line(cluster: Cluster) -> None:
-    done = lbd("ctl", "--server", cluster.addr(), "lookup", "not-a-topic")
+    done = cluster.ctl("lookup", "not-a-topic")
     assert done.returncode == 1
     assert done.stderr.startswith("lbd: error: INVALID_ARGUMENT: invalid topic name")
     assert "Traceback" not in done.stderr
@@ -240,9 +248,10 @@ def test_the_readme_grpcurl_examples_work_as_written(cluster: Cluster) -> None:
     lines = readme_grpcurl_lines()
     assert len(lines) >= 6, lines
     grpcurl_dir = str(Path(grpcurl_binary()).parent)
+    tls = " ".join(shlex.quote(f) for f in cluster.grpcurl_flags())
     for line in lines:
         done = subprocess.run(
-            ["bash", "-c", line],
+            ["bash", "-c", line.replace("-plaintext", tls)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -294,6 +294,15 @@ INVARIANT_CASES = [
         "metrics.addr: must differ from grpc.addr (both are '127.0.0.1:7000')",
     ),
     ('[history]\nenabled = true\nuri = ""', "history.uri: must be set when history.enabled"),
+    (
+        '[grpc]\naddr = "0.0.0.0:7000"\nadvertised_addr = "10.0.0.5:7000"',
+        "grpc.addr: 0.0.0.0:7000 is reachable from other hosts, but the API has no TLS "
+        "(grpc.tls_cert_file, grpc.tls_key_file) and no authentication",
+    ),
+    (
+        '[grpc]\nadmin_token = "t"\n[auth]\nanonymous_role = "admin"',
+        'auth.anonymous_role: is "admin" while credentials are configured',
+    ),
 ]
 
 
@@ -364,7 +373,7 @@ def test_env_overrides_file_including_short_aliases(tmp_path: Path) -> None:
         path,
         env={
             "LBD_PULSAR_URL": "pulsar://env:6650",
-            "LBD_ETCD_ENDPOINTS": "http://a:2379, https://b:2379",
+            "LBD_ETCD_ENDPOINTS": "http://a:2379, http://b:2379",
             "LBD_CLUSTER": "prod",
             "LBD_ETCD__LEASE_TTL_S": "30",
             "LBD_BROKER__AUTO_ACK": "true",
@@ -375,7 +384,7 @@ def test_env_overrides_file_including_short_aliases(tmp_path: Path) -> None:
         },
     )
     assert settings.pulsar.service_url == "pulsar://env:6650"
-    assert settings.etcd.endpoints == ["http://a:2379", "https://b:2379"]
+    assert settings.etcd.endpoints == ["http://a:2379", "http://b:2379"]
     assert settings.cluster.name == "prod"
     assert settings.cluster.etcd_prefix == "/lbd/prod"
     assert settings.etcd.lease_ttl_s == 30

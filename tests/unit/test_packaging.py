@@ -46,6 +46,13 @@ def test_the_container_command_runs_outside_the_container() -> None:
     assert env["LBD_GRPC__ADDR"].startswith("0.0.0.0:")
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
+    # Bound to every interface with neither TLS nor credentials, it refuses to start, and
+    # says what to configure (README "Security").
+    assert "grpc.addr: 0.0.0.0:7000 is reachable from other hosts" in done.stderr
+    assert "grpc.tls_cert_file" in done.stderr and "Traceback" not in done.stderr
+    env["LBD_GRPC__ALLOW_INSECURE"] = "true"
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
     assert "--broker-id" in done.stderr and "Traceback" not in done.stderr
 
 

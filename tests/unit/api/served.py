@@ -17,8 +17,11 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
+from lbd.api.auth import AuthConfig, Authenticator
 from lbd.api.forwarding import Forwarder
 from lbd.api.server import ApiServer, sidecar_api
+from lbd.api.tls import ReloadingServerTls
+from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.gen.v1 import lbd_pb2_grpc
 from lbd.services.leader.election import LeaderElector
 from tests.unit.services.harness import Harness, Sidecar
@@ -51,15 +54,24 @@ async def serve_api(
     sidecar: Sidecar,
     *,
     admin_token: str | None = None,
+    auth: AuthConfig | None = None,
+    tls: ReloadingServerTls | None = None,
+    credentials: ClientCredentials = INSECURE,
     tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Api]:
-    """``sidecar`` behind an ApiServer (SERVING), with stubs; all stopped on exit."""
-    forwarder = Forwarder(sidecar.me)
+    """``sidecar`` behind an ApiServer (SERVING), with stubs; all stopped on exit.
+
+    ``admin_token`` is short for ``auth=AuthConfig(admin_token=...)``; ``credentials`` are the
+    client's (and the forwarder's) TLS files and token."""
+    if admin_token is not None:
+        auth = AuthConfig(admin_token=admin_token)
+    forwarder = Forwarder(sidecar.me, credentials=credentials)
     server = sidecar_api(
         sidecar.services,
         "127.0.0.1:0",
         forwarder,
-        admin_token=admin_token,
+        authenticator=None if auth is None else Authenticator(auth),
+        tls=tls,
         tracer_provider=tracer_provider,
     )
     await server.start()
@@ -68,7 +80,7 @@ async def serve_api(
     if info is not None:
         real = dataclasses.replace(info, sidecar_grpc_addr=f"127.0.0.1:{server.port}")
         await sidecar.registry.register(real)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    channel = credentials.aio_channel(f"127.0.0.1:{server.port}")
     try:
         yield Api(
             sidecar,
