@@ -191,7 +191,9 @@ class OutageRun:
         self._settle_s = settle_s
         self._respawned = respawned
         self._clients = {
-            node.broker_id: SidecarClient(node.grpc_addr, timeout_s=LOOKUP_TIMEOUT_S)
+            node.broker_id: SidecarClient(
+                node.grpc_addr, credentials=cluster.credentials(), timeout_s=LOOKUP_TIMEOUT_S
+            )
             for node in cluster.nodes
         }
 
