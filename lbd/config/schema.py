@@ -151,6 +151,18 @@ def _check_file(value: str) -> str:
     return value
 
 
+def _key_with(value: str | None, info: ValidationInfo, cert: str) -> str | None:
+    """A key file's check: set exactly when the certificate ``cert`` is. The validator runs for
+    the default too (validate_default), so a certificate without a key is caught."""
+    if cert not in info.data:
+        return value  # an invalid certificate key is reported on its own
+    if value is None and info.data[cert] is not None:
+        raise ValueError(f"must be set too: {cert} is set, and the two go together")
+    if value is not None and info.data[cert] is None:
+        raise ValueError(f"needs {cert}: set both or neither")
+    return value
+
+
 def _upper(value: object) -> object:
     return value.upper() if isinstance(value, str) else value
 
@@ -294,14 +306,7 @@ class EtcdSettings(Section):
     @field_validator("key_file", mode="after")
     @classmethod
     def _key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # Runs for the default too (validate_default), so a certificate without a key is caught.
-        if "cert_file" not in info.data:
-            return value  # an invalid cert_file is reported on its own
-        if value is None and info.data["cert_file"] is not None:
-            raise ValueError("must be set too: cert_file is set, and the two go together")
-        if value is not None and info.data["cert_file"] is None:
-            raise ValueError("needs cert_file: set both or neither")
-        return value
+        return _key_with(value, info, "cert_file")
 
     @field_validator("password", mode="after")
     @classmethod
@@ -412,14 +417,7 @@ class PulsarSettings(Section):
     @field_validator("tls_key_file", mode="after")
     @classmethod
     def _key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # Runs for the default too (validate_default), so a certificate without a key is caught.
-        if "tls_cert_file" not in info.data:
-            return value  # an invalid tls_cert_file is reported on its own
-        if value is None and info.data["tls_cert_file"] is not None:
-            raise ValueError("must be set too: tls_cert_file is set, and the two go together")
-        if value is not None and info.data["tls_cert_file"] is None:
-            raise ValueError("needs tls_cert_file: set both or neither")
-        return value
+        return _key_with(value, info, "tls_cert_file")
 
     @field_validator("auth_token_file", mode="after")
     @classmethod
