@@ -6,7 +6,8 @@ pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failo
 kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and pulsar-lite killed
 and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself),
 ``sim`` (seeds per second of the deterministic simulation), ``security`` (owned Lookups through
-a plain and a ``--secure`` dev cluster: what mutual TLS and roles cost).
+a plain and a ``--secure`` dev cluster: what mutual TLS and roles cost), ``balance`` (every
+shedding strategy on the standard balancing scenarios, as ``lbd bench balance``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from bench import (
     startup_bench,
 )
 from bench.report import measurements_table
+from lbd.sim.balance_suite import run_suite
+from lbd.sim.balance_suite import table as balance_table
 
-SUITES = ("core", "channel", "startup", "sidecar", "outages", "sim", "security")
+SUITES = ("core", "balance", "channel", "startup", "sidecar", "outages", "sim", "security")
 
 
 def main() -> None:
@@ -46,6 +49,9 @@ def main() -> None:
             for r in core.run(quick=args.quick):
                 table.add_row(r.name, f"{r.ops:,}", f"{r.seconds:.3f}", f"{r.rate:,.0f} {r.unit}/s")
         console.print(table)
+    if "balance" in suites:
+        with console.status("balance: every strategy on every scenario..."):
+            console.print(balance_table(run_suite()))
     if "channel" in suites:
         n = 10_000 if args.quick else 100_000
         with console.status(f"channel: {n:,} messages on pulsar-lite..."):

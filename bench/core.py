@@ -120,7 +120,12 @@ def run(quick: bool = False) -> Iterator[Result]:
         "pick",
     )
 
-    config = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0)
+    config = SheddingConfig(
+        hit_count_threshold=0,
+        min_throughput_threshold=0,
+        avg_shedder_hit_count_low_threshold=1,
+        avg_shedder_hit_count_high_threshold=1,
+    )
     for brokers in (100, 1000):
         snapshot = _snapshot(brokers, 20, random.Random(brokers))
         for name, strategy in STRATEGIES.items():

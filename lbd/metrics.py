@@ -119,7 +119,7 @@ class Metrics:
         self.split_total = Counter(
             "lbd_split",
             "Bundle splits by result (Success, Failure) and reason (Topics, Sessions, MsgRate, "
-            "Bandwidth, Admin).",
+            "Bandwidth, Admin; Unknown for a decision that failed).",
             ["result", "reason"],
             registry=r,
         )

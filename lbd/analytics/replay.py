@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from lbd.analytics.engine import BrokerSample, BundleSample, Trace, TraceStep, simulate
 from lbd.analytics.history_io import read_history
-from lbd.analytics.metrics import episodes, ping_pongs
 from lbd.analytics.progress import spark_progress
+from lbd.core.balance_metrics import episodes, ping_pongs
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.shedding import DEFAULT_STRATEGY, STRATEGIES
@@ -44,12 +44,55 @@ DEFAULT_GRID: Mapping[str, tuple[object, ...]] = {
 }
 """The settings tried when no ``--grid`` is given."""
 
+_AVG_SHEDDER_KEYS = frozenset(
+    {
+        "avg_shedder_low_threshold",
+        "avg_shedder_high_threshold",
+        "avg_shedder_hit_count_low_threshold",
+        "avg_shedder_hit_count_high_threshold",
+        "avg_shedder_unload_share",
+        "avg_shedder_min_unload_msg_rate",
+        "avg_shedder_min_unload_throughput",
+    }
+)
 _NOT_READ_BY: Mapping[str, frozenset[str]] = {
     "transfer_shedder": frozenset(
-        {"threshold_shedder_percentage", "lower_boundary_shedding_enabled"}
-    ),
+        {
+            "threshold_shedder_percentage",
+            "lower_boundary_shedding_enabled",
+            "max_moves_per_broker",
+            "min_throughput_threshold",
+        }
+    )
+    | _AVG_SHEDDER_KEYS,
     "threshold_shedder": frozenset(
-        {"target_std", "hit_count_threshold", "transfer_enabled", "overloaded_threshold"}
+        {
+            "target_std",
+            "hit_count_threshold",
+            "transfer_enabled",
+            "overloaded_threshold",
+            "max_moves_per_broker",
+        }
+    )
+    | _AVG_SHEDDER_KEYS,
+    "cluster_planner": frozenset(
+        {
+            "min_throughput_threshold",
+            "threshold_shedder_percentage",
+            "lower_boundary_shedding_enabled",
+        }
+    )
+    | _AVG_SHEDDER_KEYS,
+    "avg_shedder": frozenset(
+        {
+            "target_std",
+            "hit_count_threshold",
+            "overloaded_threshold",
+            "min_throughput_threshold",
+            "threshold_shedder_percentage",
+            "lower_boundary_shedding_enabled",
+            "max_moves_per_broker",
+        }
     ),
 }
 FINAL_STEPS = 10
@@ -367,6 +410,11 @@ def _write_recommendation(out: str, ranking: Sequence[RunResult], target_std: fl
         lines.append(f"{key} = {text}")
     if best.strategy == "threshold_shedder":
         lines.append(f"threshold_shedder_percentage = {config.threshold_shedder_percentage!r}")
+    if best.strategy == "cluster_planner":
+        lines.append(f"max_moves_per_broker = {config.max_moves_per_broker!r}")
+    if best.strategy == "avg_shedder":
+        keys = [k for k in SheddingConfig.field_names() if k in _AVG_SHEDDER_KEYS]
+        lines += [f"{key} = {getattr(config, key)!r}" for key in keys]
     with open(os.path.join(out, "recommended.toml"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     report = ["# lbd replay", "", *evidence, "", *_strategy_comparison(ranking), ""]

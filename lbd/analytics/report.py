@@ -5,7 +5,7 @@ A Spark job over the history computes, per cluster:
 - ``broker_load``: each broker's mean load per time bucket;
 - ``cluster_std``: the mean and population std of broker loads per bucket;
 - ``episodes``: each time the std went over the target, how long it took to get back under it
-  (:mod:`lbd.analytics.metrics` has the definition), and what happened just before (brokers
+  (:mod:`lbd.core.balance_metrics` has the definition), and what happened just before (brokers
   joining or leaving);
 - ``moves_by_reason``: assignments, transfers, unloads and splits by reason and strategy;
 - ``hot_bundles``: the bundles with the highest mean throughput, with their peak and moves;
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lbd.analytics.history_io import HistoryFrames, read_history
-from lbd.analytics.metrics import Episode
 from lbd.analytics.progress import spark_progress
+from lbd.core.balance_metrics import Episode
 from lbd.core.errors import InvalidInputError
 from lbd.core.tuning import SheddingConfig
 

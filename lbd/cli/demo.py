@@ -1,7 +1,7 @@
 """``lbd demo``: the core balancing a simulated cluster, drawn live in the terminal.
 
 Until the sidecar exists this is ``make run``'s main job: a scale-up from two brokers to five,
-then a hot namespace, with the TransferShedder (or another strategy) moving bundles through the
+then a hot namespace, with the default strategy (or another one) moving bundles through the
 state channel's resolver until the load's standard deviation is back under target.
 """
 

@@ -13,13 +13,25 @@ import sys
 from collections.abc import Callable, Sequence
 
 from lbd import __version__
-from lbd.cli import analytics, auth, channel, config_cmd, ctl, demo, dev, serve, shed, sim
+from lbd.cli import (
+    analytics,
+    auth,
+    bench,
+    channel,
+    config_cmd,
+    ctl,
+    demo,
+    dev,
+    serve,
+    shed,
+    sim,
+)
 from lbd.core.errors import InvalidInputError, LbdError
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-_GROUPS = (serve, ctl, dev, sim, shed, channel, config_cmd, auth, demo, analytics)
+_GROUPS = (serve, ctl, dev, sim, shed, bench, channel, config_cmd, auth, demo, analytics)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -573,9 +573,20 @@ class MetricsSettings(Section):
 class SheddingSettings(Section):
     """``[shedding]``: the leader's unload scheduler (DESIGN §7); keys as in scenario files."""
 
-    strategy: Literal["transfer_shedder", "threshold_shedder"] = "transfer_shedder"
-    """transfer_shedder is Pulsar's TransferShedder (the extensible load manager's default);
-    threshold_shedder, the old default, is kept for comparison."""
+    strategy: Literal[
+        "cluster_planner",
+        "transfer_shedder",
+        "threshold_shedder",
+        "avg_shedder",
+    ] = "cluster_planner"
+    """cluster_planner, lbd's own, plans each cycle's moves over the whole cluster from each
+    broker's estimated current load (not the lagging average), its own size and the moves not yet
+    reported. It is the default because on every scenario of `lbd bench balance` it reaches the
+    target sooner than transfer_shedder, with fewer moves, a final std no worse and no ping-pong
+    (docs/balancing.md has the table). transfer_shedder is Pulsar's TransferShedder (the
+    extensible load manager's default); threshold_shedder, Pulsar's old default, is kept for
+    comparison; avg_shedder is Pulsar's AvgShedder (PIP-364), which evens out pairs of brokers
+    whose loads stay far apart."""
     interval_s: Seconds = 60.0
     """How often the leader runs the shedder (Pulsar loadBalancerSheddingIntervalMinutes = 1)."""
     target_std: float = Field(default=_SHEDDING.target_std, gt=0)
@@ -597,15 +608,48 @@ class SheddingSettings(Section):
     transfer_enabled: bool = _SHEDDING.transfer_enabled
     """Unload with a pre-assigned destination, so clients go straight to the new owner."""
     min_throughput_threshold: float = Field(default=_SHEDDING.min_throughput_threshold, ge=0)
-    """In MB/s: below this, a broker's traffic is too small to be worth shedding from."""
+    """threshold_shedder only, in MB/s: a planned offload below this is too small to be worth
+    shedding (Pulsar's TransferShedder does not read it either)."""
     overloaded_threshold: float = Field(default=_SHEDDING.overloaded_threshold, gt=0)
-    """A broker whose load (0..1) is at or above this is overloaded and always shed from."""
+    """A broker whose load (0..1) is over this (and over avg + target_std) is overloaded and shed
+    from even when the std meets the target."""
     threshold_shedder_percentage: float = Field(
         default=_SHEDDING.threshold_shedder_percentage, ge=0
     )
     """threshold_shedder only: shed from brokers this many percentage points above average."""
     lower_boundary_shedding_enabled: bool = _SHEDDING.lower_boundary_shedding_enabled
     """threshold_shedder only: also shed to raise brokers far below the average."""
+    max_moves_per_broker: int = Field(default=_SHEDDING.max_moves_per_broker, ge=1)
+    """cluster_planner only: moves in or out of any one broker per cycle, so that no broker (a
+    freshly started one above all) takes a burst of transfers at once."""
+    avg_shedder_low_threshold: float = Field(default=_SHEDDING.avg_shedder_low_threshold, ge=0)
+    """avg_shedder only: brokers paired (most with least loaded) whose loads (0..1) differ by at
+    least this count a low hit each cycle (Pulsar's 15 percentage points)."""
+    avg_shedder_high_threshold: float = Field(default=_SHEDDING.avg_shedder_high_threshold, ge=0)
+    """avg_shedder only: a pair whose loads differ by at least this also counts a high hit, so
+    that a wide gap (a restarted or new broker) is evened out sooner."""
+    avg_shedder_hit_count_low_threshold: int = Field(
+        default=_SHEDDING.avg_shedder_hit_count_low_threshold, ge=1
+    )
+    """avg_shedder only: a pair sheds once one of its brokers has this many low hits in a row;
+    a load spike shorter than this moves nothing."""
+    avg_shedder_hit_count_high_threshold: int = Field(
+        default=_SHEDDING.avg_shedder_hit_count_high_threshold, ge=1
+    )
+    """avg_shedder only: a pair sheds once one of its brokers has this many high hits in a row."""
+    avg_shedder_unload_share: float = Field(default=_SHEDDING.avg_shedder_unload_share, gt=0, le=1)
+    """avg_shedder only: share of a pair's difference in message rate (else throughput) moved
+    from its more to its less loaded broker; 0.5 evens the pair out (Pulsar recommends it)."""
+    avg_shedder_min_unload_msg_rate: float = Field(
+        default=_SHEDDING.avg_shedder_min_unload_msg_rate, ge=0
+    )
+    """avg_shedder only: in messages/s; a pair whose share of message-rate difference is not
+    above this is balanced by throughput instead."""
+    avg_shedder_min_unload_throughput: float = Field(
+        default=_SHEDDING.avg_shedder_min_unload_throughput, ge=0
+    )
+    """avg_shedder only: in MB/s; a pair whose share of throughput difference is not above this
+    (and whose message rate does not decide) is left alone."""
 
     def to_core(self) -> SheddingConfig:
         """The core's shedding knobs."""
@@ -619,18 +663,20 @@ class SplitSettings(Section):
     """How often to look for hot bundles (Pulsar loadBalancerSplitIntervalMinutes = 1)."""
     max_topics: int = Field(default=_SPLIT.max_topics, gt=0)
     """Split a bundle serving more topics than this."""
-    max_sessions: int = Field(default=_SPLIT.max_sessions, gt=0)
-    """Split a bundle with more producers plus consumers than this."""
+    max_sessions: int = _SPLIT.max_sessions
+    """Split a bundle with more producers plus consumers than this; 0 or below (Pulsar's -1)
+    turns this limit off."""
     max_msg_rate: float = Field(default=_SPLIT.max_msg_rate, gt=0)
     """Split a bundle with more messages/s (in plus out) than this."""
     max_bandwidth_mb: float = Field(default=_SPLIT.max_bandwidth_mb, gt=0)
     """Split a bundle with more MB/s (in plus out) than this."""
-    hit_count_threshold: int = Field(default=_SPLIT.hit_count_threshold, gt=0)
-    """Consecutive checks a bundle must be hot before it splits, so a spike splits nothing."""
+    hit_count_threshold: int = Field(default=_SPLIT.hit_count_threshold, ge=0)
+    """A bundle splits once it was over a limit more than this many checks in a row (3: on the
+    4th, so a spike splits nothing; 0: on the first)."""
     max_bundles_per_namespace: int = Field(default=_SPLIT.max_bundles_per_namespace, gt=0)
-    """No split beyond this many bundles in a namespace (bounds the channel's size)."""
+    """No split while a namespace has this many bundles (bounds the channel's size)."""
     max_splits_per_cycle: int = Field(default=_SPLIT.max_splits_per_cycle, gt=0)
-    """Splits per check at most, bounding the churn of one cycle."""
+    """A check stops at this many splits, bounding the churn of one cycle."""
     algorithm: Annotated[str, AfterValidator(_check_auto_split_algorithm)] = _SPLIT.algorithm
     """How a hot bundle is divided (DESIGN §2). specified_positions_divide needs explicit
     boundaries, so it is only available to the Admin Split call."""

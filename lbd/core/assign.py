@@ -230,15 +230,13 @@ class Selection:
     excluded: tuple[Exclusion, ...] = ()
 
 
-def select_broker(
+def filter_candidates(
     bundle: BundleId,
     candidates: Sequence[BrokerCandidate],
-    load_data: Mapping[BrokerId, BrokerLoadData],
     config: AssignmentConfig,
-    rng: random.Random,
     placement: Placement | None = None,
-) -> Selection:
-    """Filter ``candidates`` for ``bundle`` and pick one with the least-usage strategy."""
+) -> FilterResult:
+    """The candidates every filter keeps for ``bundle``, and the ones dropped with why."""
     placement = placement or Placement()
     namespace = parse_bundle_id(bundle).namespace
     seen: set[BrokerId] = set()
@@ -265,6 +263,20 @@ def select_broker(
         result = step(kept)
         kept = result.kept
         excluded.extend(result.excluded)
+    return FilterResult(kept, tuple(excluded))
+
+
+def select_broker(
+    bundle: BundleId,
+    candidates: Sequence[BrokerCandidate],
+    load_data: Mapping[BrokerId, BrokerLoadData],
+    config: AssignmentConfig,
+    rng: random.Random,
+    placement: Placement | None = None,
+) -> Selection:
+    """Filter ``candidates`` for ``bundle`` and pick one with the least-usage strategy."""
+    filtered = filter_candidates(bundle, candidates, config, placement)
+    kept, excluded = filtered.kept, filtered.excluded
     dropped = f"; excluded {', '.join(map(str, excluded))}" if excluded else ""
     if not kept:
         return Selection(

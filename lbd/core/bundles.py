@@ -3,7 +3,20 @@
 A topic belongs to the bundle whose range holds the CRC-32 of its full name. A namespace's bundles
 partition ``[0x00000000, 0xffffffff]``: each range is ``[lo, hi)`` except the last, which is
 ``[lo, 0xffffffff]`` (Pulsar's ``NamespaceBundles``). The four split algorithms are Pulsar's
-``NamespaceBundleSplitAlgorithm`` implementations, as pure functions returning split points.
+``NamespaceBundleSplitAlgorithm`` implementations, as pure functions returning split points; where
+Pulsar's returns no boundary (null), ours raises InvalidInputError saying why.
+
+Two differences are kept, each for a case where Pulsar's result is a split that cannot help:
+
+- flow_or_qps_equally_divide counts topics that share a hash as one. Pulsar keeps only the last
+  one's traffic under that hash but visits the hash once per topic, so it can cut just above it:
+  with a light topic at h1 and two heavy ones at h2 > h1, it splits at h2 + 1 and leaves every
+  topic in the lower child. Ours cuts between h1 and h2 (tests/unit/test_bundles.py
+  ``test_kept_difference_flow_or_qps_counts_topics_sharing_a_hash_as_one``).
+- flow_or_qps_equally_divide never returns the bundle's upper bound (a topic hashed at
+  0xffffffff next to one at 0xfffffffe would give it). Pulsar returns it, and a split there
+  would leave the upper child an empty range
+  (``test_kept_difference_flow_or_qps_never_splits_at_the_upper_bound``).
 """
 
 from __future__ import annotations
@@ -273,12 +286,15 @@ def split_positions(
     topics: Sequence[TopicLoad] = (),
     positions: Sequence[int] = (),
     config: SplitConfig | None = None,
+    topic_count: int | None = None,
 ) -> list[int]:
     """Split points strictly inside ``bundle``, sorted, as ``algorithm`` chooses them.
 
     ``topics`` are the bundle's topics (topic_count and flow_or_qps use them), ``positions`` the
-    operator's points (specified_positions), ``config`` the bundle limits (flow_or_qps).
-    Raises InvalidInputError when the bundle cannot be split that way, saying why.
+    operator's points (specified_positions), ``config`` the bundle limits (flow_or_qps),
+    ``topic_count`` the number of topics in the bundle from its stats (specified_positions
+    refuses fewer than 2; None: unknown, not checked). Raises InvalidInputError when the bundle
+    cannot be split that way, saying why.
     """
     algo = SplitAlgorithm.parse(algorithm) if isinstance(algorithm, str) else algorithm
     if not bundle.can_split():
@@ -293,46 +309,51 @@ def split_positions(
         case SplitAlgorithm.TOPIC_COUNT_EQUALLY_DIVIDE:
             return _topic_count_point(bundle, sorted(hashes))
         case SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE:
-            return _specified_points(bundle, positions)
+            return _specified_points(bundle, positions, topic_count)
         case SplitAlgorithm.FLOW_OR_QPS_EQUALLY_DIVIDE:
             return _flow_or_qps_points(bundle, topics, hashes, config or SplitConfig())
 
 
 def _topic_count_point(bundle: BundleRange, hashes: list[int]) -> list[int]:
-    """The point between the two middle topic hashes, so each half holds as many topics."""
+    """Halfway between the two middle topic hashes, rounded down, as Pulsar's
+    ``TopicCountEquallyDivideBundleSplitAlgorithm``: with an even count each half holds as many
+    topics unless those two hashes are adjacent or equal (then the lower one moves up too)."""
     if len(hashes) < 2:
         raise InvalidInputError(
             f"topic_count_equally_divide needs at least 2 topics in bundle range {bundle}, "
             f"got {len(hashes)}"
         )
     below, above = hashes[len(hashes) // 2 - 1], hashes[len(hashes) // 2]
-    if below == above:
-        raise InvalidInputError(
-            f"topic_count_equally_divide: the middle topics of bundle range {bundle} share the "
-            f"hash {_hex(below)}; no point separates them"
-        )
-    # Rounded up so that ``below`` stays in the lower half and ``above`` moves to the upper one
-    # (Pulsar rounds down, which moves ``below`` up too when the two hashes are adjacent).
-    point = below + (above - below + 1) // 2
+    point = below + (above - below) // 2
     if not bundle.lo < point < bundle.hi:
         raise InvalidInputError(
-            f"topic_count_equally_divide: no split point inside bundle range {bundle}"
+            f"topic_count_equally_divide: the middle topics of bundle range {bundle} give the "
+            f"point {_hex(point)}, which is not strictly inside it"
         )
     return [point]
 
 
-def _specified_points(bundle: BundleRange, positions: Sequence[int]) -> list[int]:
-    """The operator's points, which must all lie strictly inside the range."""
+def _specified_points(
+    bundle: BundleRange, positions: Sequence[int], topic_count: int | None
+) -> list[int]:
+    """The operator's points strictly inside the range; the others are dropped, as Pulsar's
+    ``SpecifiedPositionsBundleSplitAlgorithm`` does. No split when none is left, nor of a bundle
+    with fewer than 2 topics."""
     if not positions:
         raise InvalidInputError("specified_positions_divide needs at least one position")
-    outside = sorted({p for p in positions if not bundle.lo < p < bundle.hi})
-    if outside:
-        shown = ", ".join(_hex(p) for p in outside)
+    inside = sorted({p for p in positions if bundle.lo < p < bundle.hi})
+    if not inside:
+        shown = ", ".join(_hex(p) for p in sorted(set(positions)))
         raise InvalidInputError(
             f"specified_positions_divide: position(s) {shown} not strictly inside bundle "
-            f"range {bundle}"
+            f"range {bundle}; none left to split at"
         )
-    return sorted(set(positions))
+    if topic_count is not None and topic_count < 2:
+        raise InvalidInputError(
+            f"specified_positions_divide splits only a bundle with at least 2 topics; bundle "
+            f"range {bundle} has {topic_count}"
+        )
+    return inside
 
 
 def _flow_or_qps_points(
@@ -343,11 +364,13 @@ def _flow_or_qps_points(
     As Pulsar's ``FlowOrQpsEquallyDivideBundleSplitAlgorithm``: topics with no traffic are
     ignored; the bundle is split only when its rate or throughput is over its limit by
     FLOW_OR_QPS_DIFFERENCE_THRESHOLD_PCT; a run is closed before the topic that would push it
-    over a limit, at a point just above the previous topic's hash.
+    over a limit (strictly greater), at the point one above halfway between the previous topic's
+    hash and this one's. Topics sharing a hash count as one, and the bundle's upper bound is
+    never a point (see the module docstring).
     """
     max_rate = config.max_msg_rate
     max_bytes = config.max_bandwidth_mb * MB
-    # Topics sharing a hash cannot be separated, so they count as one.
+    # Topics sharing a hash cannot be separated, so they count as one (module docstring).
     by_hash: dict[int, tuple[float, float]] = {}
     for t, h in zip(topics, hashes, strict=True):
         if t.msg_rate <= 0 and t.throughput <= 0:

@@ -1,8 +1,11 @@
 """Broker load: resource usage, the weighted max, and its exponential moving average.
 
-Mirrors Pulsar's ``BrokerLoadData``: a broker's load is the largest of its resource usages, each
-multiplied by a weight, divided by 100; it is smoothed with ``ema = h * old + (1 - h) * new``
-(``h`` = the history percentage, 0.9), the first sample taken as is.
+Mirrors the extensible load manager's ``BrokerLoadData``: a broker's load is the largest of its
+resource usages (cpu, memory, direct memory, bandwidth in and out), each multiplied by a weight,
+divided by 100; it is smoothed with ``ema = h * old + (1 - h) * new`` (``h`` = the history
+percentage, 0.9), the first sample taken as is. The unweighted max usage, reported beside it,
+leaves memory out, as Pulsar's does (a JVM heap's usage swings with garbage collection more than
+with load).
 """
 
 from __future__ import annotations
@@ -65,11 +68,11 @@ class BrokerUsage:
 
 
 def max_resource_usage(u: BrokerUsage) -> float:
-    """The largest unweighted resource usage as a fraction (Pulsar ``maxResourceUsage``)."""
+    """The largest unweighted usage of cpu, direct memory and bandwidth, as a fraction; memory is
+    left out (Pulsar ``BrokerLoadData.maxResourceUsage``)."""
     return (
         max(
             u.cpu.percent(),
-            u.memory.percent(),
             u.direct_memory.percent(),
             u.bandwidth_in.percent(),
             u.bandwidth_out.percent(),
@@ -114,18 +117,25 @@ class BrokerLoadData:
         """Bytes/s in plus out of the latest sample."""
         return self.usage.msg_throughput_in + self.usage.msg_throughput_out
 
-    def update(self, usage: BrokerUsage, weights: ResourceWeights, now_ms: int) -> BrokerLoadData:
-        """A new value with ``usage`` folded into the EMAs (first sample when never updated)."""
+    def update(
+        self,
+        usage: BrokerUsage,
+        weights: ResourceWeights,
+        now_ms: int,
+        *,
+        history: float = HISTORY_PERCENTAGE,
+    ) -> BrokerLoadData:
+        """A new value with ``usage`` folded into the EMAs (first sample when never updated);
+        ``history`` is the weight of the previous EMA values."""
         first = self.updated_at_ms == 0
         throughput = usage.msg_throughput_in + usage.msg_throughput_out
+        weighted = weighted_max_usage(usage, weights)
         return replace(
             self,
             usage=usage,
             max_resource_usage=max_resource_usage(usage),
-            weighted_max_ema=ema(
-                None if first else self.weighted_max_ema, weighted_max_usage(usage, weights)
-            ),
-            msg_throughput_ema=ema(None if first else self.msg_throughput_ema, throughput),
+            weighted_max_ema=ema(None if first else self.weighted_max_ema, weighted, history),
+            msg_throughput_ema=ema(None if first else self.msg_throughput_ema, throughput, history),
             updated_at_ms=now_ms,
         )
 

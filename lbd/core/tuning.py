@@ -35,14 +35,39 @@ class SheddingConfig:
     transfer_enabled: bool = True
     """Unload with a pre-assigned destination (``loadBalancerTransferEnabled``)."""
     min_throughput_threshold: float = 10.0
-    """In MB/s: below this a broker's throughput is too small to shed from
-    (``loadBalancerBundleUnloadMinThroughputThreshold``)."""
+    """threshold_shedder only, in MB/s: a planned offload below this is too small to shed
+    (``loadBalancerBundleUnloadMinThroughputThreshold``, which only Pulsar's ThresholdShedder
+    reads)."""
     overloaded_threshold: float = 0.85
-    """A broker whose load is at or above this is overloaded (0..1)."""
+    """A broker whose load is over this is overloaded (0..1)."""
     threshold_shedder_percentage: float = 10.0
     """threshold_shedder only: shed from brokers this many points above the average."""
     lower_boundary_shedding_enabled: bool = False
     """threshold_shedder only: also shed to raise brokers far below the average."""
+    max_moves_per_broker: int = 10
+    """cluster_planner only: moves in or out of any one broker per cycle, so that no broker (a
+    freshly started one above all) takes a burst of transfers at once."""
+    avg_shedder_low_threshold: float = 0.15
+    """avg_shedder only: a pair of brokers whose loads differ by this much or more (0..1) counts
+    a low hit (``loadBalancerAvgShedderLowThreshold``, 15 percentage points)."""
+    avg_shedder_high_threshold: float = 0.40
+    """avg_shedder only: a pair whose loads differ by this much or more also counts a high hit
+    (``loadBalancerAvgShedderHighThreshold``, 40 percentage points)."""
+    avg_shedder_hit_count_low_threshold: int = 8
+    """avg_shedder only: a pair sheds on the cycle in which a broker of it reaches this many low
+    hits in a row (``loadBalancerAvgShedderHitCountLowThreshold``: 8 sheds on the 8th)."""
+    avg_shedder_hit_count_high_threshold: int = 2
+    """avg_shedder only: a pair sheds on the cycle in which a broker of it reaches this many high
+    hits in a row (``loadBalancerAvgShedderHitCountHighThreshold``: 2 sheds on the 2nd)."""
+    avg_shedder_unload_share: float = 0.2
+    """avg_shedder only: share of a pair's difference in message rate (or throughput) to move
+    (``maxUnloadPercentage``); 0.5 evens the pair out, as Pulsar recommends for AvgShedder."""
+    avg_shedder_min_unload_msg_rate: float = 1000.0
+    """avg_shedder only: in messages/s, the least message rate worth moving; below it the
+    throughput decides (``minUnloadMessage``)."""
+    avg_shedder_min_unload_throughput: float = 1.0
+    """avg_shedder only: in MB/s, the least throughput worth moving when the message rate does
+    not decide (``minUnloadMessageThroughput``, 1 MB)."""
 
     def __post_init__(self) -> None:
         errors = self.errors()
@@ -56,6 +81,8 @@ class SheddingConfig:
             out.append(f"target_std must be > 0, got {self.target_std}")
         if self.hit_count_threshold < 0:
             out.append(f"hit_count_threshold must be >= 0, got {self.hit_count_threshold}")
+        if self.max_moves_per_broker < 1:
+            out.append(f"max_moves_per_broker must be >= 1, got {self.max_moves_per_broker}")
         if self.max_brokers_per_cycle < 1:
             out.append(f"max_brokers_per_cycle must be >= 1, got {self.max_brokers_per_cycle}")
         for name in ("cooldown_s", "bundle_grace_period_s", "min_throughput_threshold"):
@@ -68,6 +95,20 @@ class SheddingConfig:
         if self.threshold_shedder_percentage < 0:
             value = self.threshold_shedder_percentage
             out.append(f"threshold_shedder_percentage must be >= 0, got {value}")
+        for name in (
+            "avg_shedder_low_threshold",
+            "avg_shedder_high_threshold",
+            "avg_shedder_min_unload_msg_rate",
+            "avg_shedder_min_unload_throughput",
+        ):
+            if getattr(self, name) < 0:
+                out.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("avg_shedder_hit_count_low_threshold", "avg_shedder_hit_count_high_threshold"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.avg_shedder_unload_share <= 1:
+            value = self.avg_shedder_unload_share
+            out.append(f"avg_shedder_unload_share must be > 0 and <= 1, got {value}")
         return out
 
     @classmethod
@@ -81,23 +122,38 @@ class SplitConfig:
     """Knobs of the bundle split decision (Pulsar ``loadBalancerNamespaceBundle*``)."""
 
     max_topics: int = 1000
+    """A bundle with more topics than this is over a limit (``...BundleMaxTopics``)."""
     max_sessions: int = 1000
+    """A bundle with more producers plus consumers than this is over a limit; 0 or below (Pulsar's
+    -1) turns this limit off (``...BundleMaxSessions``)."""
     max_msg_rate: float = 30000.0
-    """Messages/s in plus out."""
+    """Messages/s in plus out above which a bundle is over a limit (``...BundleMaxMsgRate``)."""
     max_bandwidth_mb: float = 100.0
-    """MB/s in plus out."""
+    """MB/s in plus out above which a bundle is over a limit (``...BundleMaxBandwidthMbytes``)."""
     hit_count_threshold: int = 3
+    """A bundle splits once it was over a limit more than this many cycles in a row: 3 splits on
+    the 4th, 0 on the first (``...BundleSplitConditionHitCountThreshold``)."""
     max_bundles_per_namespace: int = 128
+    """No split while a namespace has this many bundles (``loadBalancerNamespaceMaximumBundles``);
+    a namespace's own ``max_bundles`` policy takes its place."""
     max_splits_per_cycle: int = 10
+    """A cycle stops at this many splits (``loadBalancerMaxNumberOfBundlesToSplitPerCycle``)."""
     algorithm: str = "range_equally_divide"
     """Default split algorithm (DESIGN §2)."""
 
     def __post_init__(self) -> None:
+        positive = (
+            "max_topics",
+            "max_msg_rate",
+            "max_bandwidth_mb",
+            "max_bundles_per_namespace",
+            "max_splits_per_cycle",
+        )
         bad = [
-            f"{f.name} must be > 0, got {getattr(self, f.name)}"
-            for f in fields(self)
-            if f.name != "algorithm" and getattr(self, f.name) <= 0
+            f"{n} must be > 0, got {getattr(self, n)}" for n in positive if getattr(self, n) <= 0
         ]
+        if self.hit_count_threshold < 0:
+            bad.append(f"hit_count_threshold must be >= 0, got {self.hit_count_threshold}")
         if bad:
             raise InvalidInputError("invalid split config: " + "; ".join(bad))
 
@@ -203,7 +259,7 @@ class SidecarConfig:
     timings: SidecarTimings = field(default_factory=SidecarTimings)
     assignment: AssignmentConfig = field(default_factory=AssignmentConfig)
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
-    shedding_strategy: str = "transfer_shedder"
+    shedding_strategy: str = "cluster_planner"
     """A key of :data:`lbd.core.shedding.STRATEGIES`."""
     shedding_interval_s: float = 60.0
     split: SplitConfig = field(default_factory=SplitConfig)

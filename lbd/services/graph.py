@@ -293,6 +293,7 @@ def build_sidecar(
         metrics=metrics,
         rng=rng,
         history=history,
+        destinations=assigner.move_destinations,
     )
     monitor = OwnershipMonitor(
         proposer,
@@ -363,6 +364,7 @@ def build_sidecar(
             config.split,
             interval_s=config.split_interval_s,
             on_death=on_death,
+            metrics=metrics,
         ),
         unload_scheduler=unload_scheduler,
         monitor=monitor,

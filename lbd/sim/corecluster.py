@@ -18,7 +18,13 @@ from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage, ResourceWeights
 from lbd.core.names import NamespaceName
-from lbd.core.shedding import STRATEGIES, LoadSnapshot, ShedderState, UnloadDecision
+from lbd.core.shedding import (
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    LoadSnapshot,
+    ShedderState,
+    UnloadDecision,
+)
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.core.tuning import MB, AssignmentConfig, SheddingConfig
@@ -44,7 +50,7 @@ class SimSpec:
     """At this cycle one namespace's traffic grows ``HOT_FACTOR`` times; 0 disables it."""
     step_s: int = 60
     """Simulated seconds between two cycles (one load report and one shedding run each)."""
-    strategy: str = "transfer_shedder"
+    strategy: str = DEFAULT_STRATEGY
     shedding: SheddingConfig = field(default_factory=SheddingConfig)
     seed: int = 1
 

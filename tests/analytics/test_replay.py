@@ -11,6 +11,7 @@ from lbd.analytics.replay import TOML_KEYS, parse_grid, run_replay, settings_for
 from lbd.analytics.scenarios import ScenarioName, SynthSpec
 from lbd.analytics.synth import synth
 from lbd.core.errors import InvalidInputError
+from lbd.core.shedding import STRATEGIES
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,9 @@ def test_recommended_config_has_the_shedding_keys_and_the_evidence(
     out = str(tmp_path / "replay")
     grid = {"target_std": (0.1, 0.25), "threshold_shedder_percentage": (10.0,)}
     result = run_replay(spark, [diurnal_history], out, grid=grid)
-    assert len(result.ranking) == 3  # two transfer settings, one threshold setting
+    runs = sum(len(settings_for(s, grid)) for s in STRATEGIES)
+    assert runs == 6  # transfer and planner two settings each, threshold and avg one each
+    assert len(result.ranking) == runs
     keys = [r.rank_key() for r in result.ranking]
     assert keys == sorted(keys)
     with open(os.path.join(out, "recommended.toml"), "rb") as f:
@@ -56,7 +59,7 @@ def test_recommended_config_has_the_shedding_keys_and_the_evidence(
     assert set(TOML_KEYS) <= set(doc["shedding"])
     assert "# Winner:" in text and f"{best.moves} moves" in text
     with open(os.path.join(out, "ranking.csv"), encoding="utf-8") as f:
-        assert len(f.readlines()) == 1 + 3
+        assert len(f.readlines()) == 1 + runs
 
 
 def test_grid_parsing_and_strategy_relevant_settings():

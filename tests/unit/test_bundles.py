@@ -372,6 +372,12 @@ def test_range_equally_divide_is_the_midpoint() -> None:
     assert split_positions("range_equally_divide", BundleRange(10, 12)) == [11]
 
 
+def test_pulsar_range_equally_divide_returns_the_correct_result() -> None:
+    """RangeEquallyDivideBundleSplitAlgorithmTest.testGetSplitBoundaryMethodReturnCorrectResult:
+    [10, 0xffffffff] splits at 10 + (0xffffffff - 10) / 2."""
+    assert split_positions("range_equally_divide", BundleRange(10, FULL_UPPER)) == [0x80000004]
+
+
 @pytest.mark.parametrize("algorithm", list(SplitAlgorithm))
 def test_every_algorithm_refuses_a_too_small_range(algorithm: SplitAlgorithm) -> None:
     with pytest.raises(InvalidInputError, match="too small to split"):
@@ -382,6 +388,26 @@ def test_topics_must_hash_into_the_bundle() -> None:
     outside = topics_in(BundleRange(0x40000000, 0x80000000), 1)[0]
     with pytest.raises(InvalidInputError, match="does not hash into bundle range"):
         split_positions("topic_count_equally_divide", FIRST, topics=[TopicLoad(outside)] * 2)
+
+
+WHOLE = BundleRange(0, FULL_UPPER)
+
+
+def test_pulsar_topic_count_equally_divide_returns_the_correct_result() -> None:
+    """TopicCountEquallyDivideBundleSplitAlgorithmTest.testAlgorithmReturnCorrectResult: topics
+    a, b and c (CRC-32 0xe8b7be43, 0x71beeff9, 0x06b9df6f) split halfway between the two lowest
+    hashes, rounded down."""
+    topics = [TopicLoad(name) for name in ("a", "b", "c")]
+    expected = 0x06B9DF6F + (0x71BEEFF9 - 0x06B9DF6F) // 2
+    assert expected == 0x3C3C67B4
+    assert split_positions("topic_count_equally_divide", WHOLE, topics=topics) == [expected]
+
+
+def test_pulsar_topic_count_equally_divide_needs_more_than_one_topic() -> None:
+    """TopicCountEquallyDivideBundleSplitAlgorithmTest.testTopicsSizeLessThan1: one topic, no
+    split."""
+    with pytest.raises(InvalidInputError, match="needs at least 2 topics"):
+        split_positions("topic_count_equally_divide", WHOLE, topics=[TopicLoad("a")])
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 7, 10])
@@ -396,11 +422,26 @@ def test_topic_count_equally_divide_balances_topics(count: int) -> None:
     assert count - lower == count - count // 2
 
 
-def test_topic_count_equally_divide_separates_adjacent_hashes() -> None:
-    # Topics at h and h + 1: the only point between them is h + 1.
+def test_topic_count_equally_divide_rounds_down_as_pulsar() -> None:
+    # Topics at h and h + 1: the point is h, so both end up in the upper half.
     h = 0x12345678
     topics = [TopicLoad(forge_topic(h)), TopicLoad(forge_topic(h + 1))]
+    assert split_positions("topic_count_equally_divide", FIRST, topics=topics) == [h]
+    # Three apart: the point is h + 1, between them.
+    topics = [TopicLoad(forge_topic(h)), TopicLoad(forge_topic(h + 3))]
     assert split_positions("topic_count_equally_divide", FIRST, topics=topics) == [h + 1]
+
+
+def test_topic_count_equally_divide_splits_at_a_shared_middle_hash() -> None:
+    name = topics_in(FIRST, 1)[0]
+    topics = [TopicLoad(name)] * 2
+    assert split_positions("topic_count_equally_divide", FIRST, topics=topics) == [topic_hash(name)]
+
+
+def test_topic_count_equally_divide_needs_a_point_inside() -> None:
+    at_lower_bound = [TopicLoad(forge_topic(0, prefix=p)) for p in ("persistent://a/b/", "x")]
+    with pytest.raises(InvalidInputError, match="0x00000000, which is not strictly inside"):
+        split_positions("topic_count_equally_divide", FIRST, topics=at_lower_bound)
 
 
 @pytest.mark.parametrize("count", [0, 1])
@@ -410,12 +451,6 @@ def test_topic_count_equally_divide_needs_two_topics(count: int) -> None:
         split_positions("topic_count_equally_divide", FIRST, topics=[TopicLoad(n) for n in names])
 
 
-def test_topic_count_equally_divide_cannot_separate_one_hash() -> None:
-    name = topics_in(FIRST, 1)[0]
-    with pytest.raises(InvalidInputError, match="share the hash"):
-        split_positions("topic_count_equally_divide", FIRST, topics=[TopicLoad(name)] * 2)
-
-
 def test_specified_positions_divide() -> None:
     points = split_positions(
         "specified_positions_divide", FIRST, positions=[0x30000000, 0x10000000, 0x10000000]
@@ -423,18 +458,50 @@ def test_specified_positions_divide() -> None:
     assert points == [0x10000000, 0x30000000]
 
 
+PULSAR_SPECIFIED_BUNDLE = BundleRange(1, 1000)
+
+
+def test_pulsar_specified_positions_returns_the_positions_inside() -> None:
+    """SpecifiedPositionsBundleSplitAlgorithmTest.testAlgorithmReturnCorrectResult: a bundle
+    [1, 1000] of two topics; the positions outside it, or on its bounds, are dropped."""
+    positions = [-1, 0, 1, 100, 200, 500, 800, 1000, 1100]
+    points = split_positions(
+        "specified_positions_divide", PULSAR_SPECIFIED_BUNDLE, positions=positions, topic_count=2
+    )
+    assert points == [100, 200, 500, 800]
+
+
+def test_pulsar_specified_positions_needs_more_than_one_topic() -> None:
+    """SpecifiedPositionsBundleSplitAlgorithmTest.testTotalTopicsSizeLessThan1"""
+    with pytest.raises(InvalidInputError, match=r"at least 2 topics; bundle range .* has 1"):
+        split_positions(
+            "specified_positions_divide", PULSAR_SPECIFIED_BUNDLE, positions=[1, 2], topic_count=1
+        )
+
+
+def test_pulsar_specified_positions_needs_positions() -> None:
+    """SpecifiedPositionsBundleSplitAlgorithmTest.testSpecifiedPositionsLessThan1"""
+    with pytest.raises(InvalidInputError, match="needs at least one position"):
+        split_positions("specified_positions_divide", PULSAR_SPECIFIED_BUNDLE, topic_count=2)
+
+
+def test_specified_positions_topic_count_unknown_is_not_checked() -> None:
+    assert split_positions("specified_positions_divide", FIRST, positions=[0x10000000]) == [
+        0x10000000
+    ]
+
+
 @pytest.mark.parametrize(
     ("positions", "message"),
     [
-        ([], "needs at least one position"),
         ([0], "0x00000000 not strictly inside"),
         ([0x40000000], "0x40000000 not strictly inside"),
-        ([0x10000000, 0x50000000], "0x50000000 not strictly inside"),
+        ([0x50000000, 0x40000000], "0x40000000, 0x50000000 not strictly inside"),
         ([-5], "-5 not strictly inside"),
     ],
 )
-def test_specified_positions_errors(positions: list[int], message: str) -> None:
-    with pytest.raises(InvalidInputError, match=message):
+def test_specified_positions_with_none_inside(positions: list[int], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=f"{message} bundle range .*; none left"):
         split_positions("specified_positions_divide", FIRST, positions=positions)
 
 
@@ -461,7 +528,7 @@ def test_flow_or_qps_separates_adjacent_hashes() -> None:
     ]
 
 
-def test_flow_or_qps_never_splits_at_the_top_of_the_space() -> None:
+def test_kept_difference_flow_or_qps_never_splits_at_the_upper_bound() -> None:
     # The point after a topic at 0xfffffffe would be 0xffffffff, the bundle's own upper bound.
     last = BundleRange(0xC0000000, FULL_UPPER)
     config = SplitConfig(max_msg_rate=100)
@@ -501,6 +568,68 @@ def test_flow_or_qps_needs_the_bundle_over_its_limit_by_the_margin() -> None:
     assert (
         len(split_positions("flow_or_qps_equally_divide", FIRST, topics=loads, config=config)) == 1
     )
+
+
+def test_pulsar_flow_or_qps_splits_by_flow_or_qps() -> None:
+    """FlowOrQpsEquallyDivideBundleSplitAlgorithmTest.testSplitBundleByFlowOrQps: 100 topics at
+    49.5 msg/s, 140 at 50.5 msg/s and one at 60 msg/s, 2000 bytes/s each; limits of 1010 msg/s
+    and 100 MB/s. Every run of topics before a split point stays under both limits."""
+    config = SplitConfig(max_msg_rate=1010, max_bandwidth_mb=100)
+    prefix = "persistent://test-tenant1/test-namespace1/test"
+    topics = [
+        *(
+            TopicLoad(f"{prefix}{i}-partition-{j}", 24.5 + 25, 2000)
+            for i in range(1, 6)
+            for j in range(20)
+        ),
+        *(
+            TopicLoad(f"{prefix}{i}-partition-{j}", 25.5 + 25, 2000)
+            for i in range(6, 13)
+            for j in range(20)
+        ),
+        TopicLoad(f"{prefix}695-partition-0", 25 + 35, 2000),
+    ]
+    points = split_positions("flow_or_qps_equally_divide", WHOLE, topics=topics, config=config)
+    assert len(points) >= 11  # 12080 msg/s in all
+    ordered = sorted(topics, key=lambda t: topic_hash(t.topic))
+    start = 0
+    for point in points:
+        run = [t for t in ordered[start:] if topic_hash(t.topic) < point]
+        start += len(run)
+        assert sum(t.msg_rate for t in run) < 1010
+        assert sum(t.throughput for t in run) < 100 * MB
+
+
+def test_pulsar_flow_or_qps_first_position_is_overloaded() -> None:
+    """FlowOrQpsEquallyDivideBundleSplitAlgorithmTest.testFirstPositionIsOverLoad: the topic of
+    the lowest hash alone is over the limit, so the first point is one above halfway between it
+    and the next."""
+    config = SplitConfig(max_msg_rate=1010, max_bandwidth_mb=100)
+    names = sorted(
+        (f"persistent://test-tenant1/test-namespace1/test-partition-{i}" for i in range(5)),
+        key=topic_hash,
+    )
+    topics = [
+        TopicLoad(names[0], 1000 + 1000, 2000),
+        *(TopicLoad(n, 24.5 + 25, 2000) for n in names[1:]),
+    ]
+    points = split_positions("flow_or_qps_equally_divide", WHOLE, topics=topics, config=config)
+    first, second = topic_hash(names[0]), topic_hash(names[1])
+    assert points[0] == first + (second - first) // 2 + 1
+
+
+def test_kept_difference_flow_or_qps_counts_topics_sharing_a_hash_as_one() -> None:
+    # A light topic at h1, two heavy ones sharing h2. Pulsar would cut at h2 + 1, leaving all
+    # three in the lower child; the cut has to fall between h1 and h2.
+    config = SplitConfig(max_msg_rate=1000)
+    h1, h2 = 0x10000000, 0x20000000
+    topics = [
+        TopicLoad(forge_topic(h1), msg_rate=10),
+        TopicLoad(forge_topic(h2, prefix="persistent://t/ns/one-"), msg_rate=600),
+        TopicLoad(forge_topic(h2, prefix="persistent://t/ns/two-"), msg_rate=600),
+    ]
+    points = split_positions("flow_or_qps_equally_divide", FIRST, topics=topics, config=config)
+    assert points == [h1 + (h2 - h1) // 2 + 1]
 
 
 def test_topic_load_rejects_negative_traffic() -> None:

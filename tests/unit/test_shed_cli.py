@@ -76,7 +76,8 @@ def test_balanced_example_decides_nothing(capsys: pytest.CaptureFixture[str]) ->
 def test_overloaded_example_transfers_off_the_hot_broker(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, [line], _ = run(capsys, "--scenario", example("overloaded.json"))
+    args = ("--scenario", example("overloaded.json"), "--strategy", "transfer_shedder")
+    code, [line], _ = run(capsys, *args)
     assert code == 0
     assert line["skip_reason"] is None
     assert isinstance(line["std"], float)
@@ -117,7 +118,8 @@ def test_the_100_broker_example_pairs_at_most_max_brokers_per_cycle(
 ) -> None:
     doc = json.loads((EXAMPLES / "skew-100-brokers.json").read_text())
     assert len(doc["brokers"]) == 100
-    code, [line], _ = run(capsys, "--scenario", example("skew-100-brokers.json"))
+    args = ("--scenario", example("skew-100-brokers.json"), "--strategy", "transfer_shedder")
+    code, [line], _ = run(capsys, *args)
     assert code == 0
     decisions = line["decisions"]
     assert isinstance(decisions, list)
@@ -169,7 +171,8 @@ def test_the_console_script_reports_bad_input_on_stderr(tmp_path: Path) -> None:
 def test_later_cycles_see_the_unloads_of_earlier_ones(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, lines, _ = run(capsys, "--scenario", write(tmp_path, small_doc(cycles=2)))
+    args = ("--scenario", write(tmp_path, small_doc(cycles=2)), "--strategy", "transfer_shedder")
+    code, lines, _ = run(capsys, *args)
     assert code == 0
     first, second = lines
     assert first["decisions"] == [
@@ -319,3 +322,64 @@ def test_serialised_null_broker_and_recent_unloads_survive() -> None:
     assert out["brokers"]["b3"] is None  # type: ignore[index]
     assert out["recently_unloaded_brokers"] == {"gone": NOW - 9}
     assert parse_scenario(out) == scenario
+
+
+# -- Pulsar's TransferShedderTest scenarios, through `lbd shed` -------------------------------
+
+
+def _pulsar_cases() -> dict[str, tuple[object, set[tuple[str, str, str | None, str]]]]:
+    from test_transfer_shedder import (
+        B1,
+        B2,
+        B4,
+        B5,
+        BASE,
+        D1,
+        E1,
+        SETUP_MOVES,
+        broker,
+        setup_snapshot,
+        two_brokers,
+        with_brokers,
+    )
+
+    from lbd.core.shedding import Scenario
+
+    small = with_brokers(
+        setup_snapshot(), broker4=broker(0.55, 8e6 + 1), broker5=broker(0.65, 9e6 + 1)
+    )
+    underloaded = with_brokers(
+        setup_snapshot(),
+        broker2=broker(0.04, 10),
+        broker4=broker(0.55, 8e6 + 1),
+        broker5=broker(0.65, 9e6 + 1),
+    )
+    swap = two_brokers(0.48, [2.4e6, 2.4e6], 1.00, [5e6, 5e6])
+    a1, b1 = (b.bundle for b in (swap.top_bundles[B1][0], swap.top_bundles[B2][0]))
+
+    def case(snapshot: object, expected: set[tuple[str, str, str | None, str]]) -> tuple:
+        doc = scenario_to_json(Scenario(snapshot=snapshot, now_ms=1_700_000_000_000, config=BASE))  # type: ignore[arg-type]
+        # A new user's settings: the default min_throughput_threshold, which Pulsar's
+        # TransferShedder does not read.
+        doc["config"]["min_throughput_threshold"] = 10.0  # type: ignore[index]
+        return doc, expected
+
+    return {
+        "setup": case(setup_snapshot(), {(b, s, d, r.value) for b, s, d, r in SETUP_MOVES}),
+        "small-throughput": case(small, {(E1, B5, B1, "Overloaded")}),
+        "underloaded": case(underloaded, {(E1, B5, B1, "Overloaded"), (D1, B4, B2, "Underloaded")}),
+        "swap": case(swap, {(a1, B1, B2, "Overloaded"), (b1, B2, B1, "Overloaded")}),
+    }
+
+
+@pytest.mark.parametrize("name", ["setup", "small-throughput", "underloaded", "swap"])
+def test_lbd_shed_reproduces_pulsar_transfer_shedder_scenarios(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    doc, expected = _pulsar_cases()[name]
+    args = ("--scenario", write(tmp_path, doc), "--strategy", "transfer_shedder")
+    code, [line], _ = run(capsys, *args)
+    assert code == 0
+    decisions = line["decisions"]
+    assert isinstance(decisions, list)
+    assert {(d["bundle"], d["src"], d["dst"], d["reason"]) for d in decisions} == expected

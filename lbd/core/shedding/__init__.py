@@ -1,16 +1,20 @@
 """Shedding: which bundles the leader moves off which brokers, and why.
 
-Two strategies with one signature (:data:`~lbd.core.shedding.model.Strategy`):
-``transfer_shedder`` (Pulsar's TransferShedder, the default) and ``threshold_shedder`` (Pulsar's
-older ThresholdShedder, kept for comparison). :mod:`lbd.core.shedding.scenario` reads and writes
-the load snapshots they run over.
+The strategies share one signature (:data:`~lbd.core.shedding.model.Strategy`) and are listed
+by name in :data:`STRATEGIES`: ``cluster_planner`` (lbd's own, the default: docs/balancing.md),
+``transfer_shedder`` (Pulsar's TransferShedder), ``threshold_shedder`` (Pulsar's older
+ThresholdShedder, kept for comparison) and ``avg_shedder`` (Pulsar's AvgShedder, PIP-364).
+:mod:`lbd.core.shedding.scenario` reads and writes the load snapshots they run over.
 """
 
 from collections.abc import Mapping
 
+from lbd.core.shedding.avg import avg_shed
 from lbd.core.shedding.model import (
     DecisionReason,
+    HitCounts,
     LoadSnapshot,
+    PastMove,
     ShedderState,
     SheddingResult,
     SkipReason,
@@ -20,6 +24,7 @@ from lbd.core.shedding.model import (
     mean_and_std,
     usable_load,
 )
+from lbd.core.shedding.planner import plan_shed
 from lbd.core.shedding.scenario import Scenario, parse_scenario, scenario_to_json
 from lbd.core.shedding.threshold import threshold_shed
 from lbd.core.shedding.transfer import transfer_shed
@@ -27,16 +32,20 @@ from lbd.core.shedding.transfer import transfer_shed
 STRATEGIES: Mapping[str, Strategy] = {
     "transfer_shedder": transfer_shed,
     "threshold_shedder": threshold_shed,
+    "cluster_planner": plan_shed,
+    "avg_shedder": avg_shed,
 }
 """The strategies by their configuration name (DESIGN §7)."""
 
-DEFAULT_STRATEGY = "transfer_shedder"
+DEFAULT_STRATEGY = "cluster_planner"
 
 __all__ = [
     "DEFAULT_STRATEGY",
     "STRATEGIES",
     "DecisionReason",
+    "HitCounts",
     "LoadSnapshot",
+    "PastMove",
     "Scenario",
     "ShedderState",
     "SheddingResult",
@@ -44,8 +53,10 @@ __all__ = [
     "Strategy",
     "UnloadDecision",
     "UsableLoad",
+    "avg_shed",
     "mean_and_std",
     "parse_scenario",
+    "plan_shed",
     "scenario_to_json",
     "threshold_shed",
     "transfer_shed",

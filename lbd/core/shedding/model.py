@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
 from lbd.core.tuning import SheddingConfig
 
 MB = 1024 * 1024
@@ -73,6 +73,9 @@ class LoadSnapshot:
     owners: Mapping[BundleId, BrokerId] = field(default_factory=dict)
     recently_unloaded_bundles: Mapping[BundleId, int] = field(default_factory=dict)
     recently_unloaded_brokers: Mapping[BrokerId, int] = field(default_factory=dict)
+    allowed_destinations: Mapping[BundleId, frozenset[BrokerId]] = field(default_factory=dict)
+    """Placement rules as the leader evaluated them (isolation, anti-affinity): a bundle listed
+    here may only move to these brokers; an unlisted bundle may move to any broker."""
 
     def owner_of(self, bundle: BundleId, reporter: BrokerId) -> BrokerId:
         """The broker owning ``bundle``, defaulting to the broker that reported it."""
@@ -88,6 +91,11 @@ class LoadSnapshot:
         }
         assigned = {bundle for bundle, owner in self.owners.items() if owner == broker}
         return frozenset(reported | assigned)
+
+    def may_move_to(self, bundle: BundleId, broker: BrokerId) -> bool:
+        """Whether the placement rules let ``bundle`` move to ``broker``."""
+        allowed = self.allowed_destinations.get(bundle)
+        return allowed is None or broker in allowed
 
     def in_grace_period(self, bundle: BundleId, config: SheddingConfig, now_ms: int) -> bool:
         """Whether ``bundle`` was unloaded less than ``bundle_grace_period_s`` before ``now_ms``."""
@@ -111,6 +119,7 @@ class LoadSnapshot:
             owners=self.owners,
             recently_unloaded_bundles=bundles,
             recently_unloaded_brokers=brokers,
+            allowed_destinations=self.allowed_destinations,
         )
 
 
@@ -126,11 +135,37 @@ class UnloadDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class PastMove:
+    """A bundle a strategy moved, with the traffic it carried then (bytes/s in plus out)."""
+
+    bundle: BundleId
+    src: BrokerId
+    dst: BrokerId | None
+    throughput: float
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HitCounts:
+    """A broker's avg_shedder hit counts: the cycles in a row in which its pair's load difference
+    reached the low and the high threshold (Pulsar AvgShedder's ``brokerHitCountForLow`` and
+    ``brokerHitCountForHigh``)."""
+
+    low: int = 0
+    high: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ShedderState:
     """What a strategy carries from one cycle to the next."""
 
     hit_count: int = 0
     """Consecutive cycles in which the shedding condition held (TransferShedder)."""
+    moves: tuple[PastMove, ...] = ()
+    """The strategy's own recent moves (cluster_planner): what the brokers' load reports may not
+    show yet, and where each bundle must not go back to."""
+    broker_hits: Mapping[BrokerId, HitCounts] = field(default_factory=dict)
+    """Per broker, its avg_shedder hit counts; a broker not listed has none (avg_shedder)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +191,13 @@ Strategy = Callable[
     tuple[SheddingResult, ShedderState],
 ]
 """``strategy(snapshot, config, state, now_ms, rng) -> (result, next_state)``."""
+
+
+def current_throughput(data: BrokerLoadData) -> float:
+    """The broker's latest raw throughput, bytes/s in plus out (Pulsar's ``msgThroughputIn +
+    msgThroughputOut``), in the same time base as the top-bundles report; its EMA when the data
+    carries no raw sample (scenario files give only the EMA)."""
+    return data.msg_throughput if data.usage != BrokerUsage() else data.msg_throughput_ema
 
 
 def mean_and_std(loads: Iterable[float]) -> tuple[float, float]:

@@ -8,11 +8,14 @@ cycles to run over it::
      "top_bundles": {broker_id: [{"bundle": id, "msg_throughput_in": float,
                                   "msg_throughput_out": float}]},
      "owners": {bundle: broker_id}, "recently_unloaded_bundles": {bundle: ms},
-     "recently_unloaded_brokers": {broker_id: ms}}
+     "recently_unloaded_brokers": {broker_id: ms},
+     "allowed_destinations": {bundle: [broker_id, ...]}}
 
 ``now_ms`` and ``brokers`` are required, the rest optional. A broker given as ``null`` is
 registered but has not reported load yet. Every broker of ``top_bundles`` must be listed in
 ``brokers``; ``owners`` and ``recently_unloaded_brokers`` may name brokers that have left.
+``allowed_destinations`` holds the placement rules the leader evaluated (a listed bundle may move
+only to those brokers).
 :func:`parse_scenario` takes the already-decoded JSON value and reports the first problem with its
 path, e.g. ``brokers["b1"].max_ema: expected a number, got "x"``.
 """
@@ -40,6 +43,7 @@ _TOP_LEVEL_OPTIONAL = (
     "owners",
     "recently_unloaded_bundles",
     "recently_unloaded_brokers",
+    "allowed_destinations",
 )
 _BROKER_KEYS = ("max_ema", "msg_throughput_ema", "updated_at_ms")
 _BUNDLE_KEYS = ("bundle", "msg_throughput_in", "msg_throughput_out")
@@ -70,6 +74,7 @@ def parse_scenario(doc: object) -> Scenario:
         owners=_parse_owners(root.get("owners", {})),
         recently_unloaded_bundles=_timestamps(root, "recently_unloaded_bundles", BundleId),
         recently_unloaded_brokers=_timestamps(root, "recently_unloaded_brokers", BrokerId),
+        allowed_destinations=_parse_destinations(root.get("allowed_destinations", {})),
     )
     return Scenario(
         snapshot=snapshot,
@@ -111,6 +116,9 @@ def scenario_to_json(scenario: Scenario) -> dict[str, object]:
         "owners": dict(sorted(snap.owners.items())),
         "recently_unloaded_bundles": dict(sorted(snap.recently_unloaded_bundles.items())),
         "recently_unloaded_brokers": dict(sorted(snap.recently_unloaded_brokers.items())),
+        "allowed_destinations": {
+            bundle: sorted(brokers) for bundle, brokers in sorted(snap.allowed_destinations.items())
+        },
     }
 
 
@@ -201,6 +209,19 @@ def _parse_owners(value: object) -> dict[BundleId, BrokerId]:
         _nonempty_key(key, path)
         owners[BundleId(key)] = BrokerId(_string(owner, path))
     return owners
+
+
+def _parse_destinations(value: object) -> dict[BundleId, frozenset[BrokerId]]:
+    out: dict[BundleId, frozenset[BrokerId]] = {}
+    for key, brokers in _object(value, "allowed_destinations").items():
+        path = _at("allowed_destinations", key)
+        _nonempty_key(key, path)
+        if not isinstance(brokers, list):
+            _fail(path, "an array of broker ids", brokers)
+        out[BundleId(key)] = frozenset(
+            BrokerId(_string(b, f"{path}[{i}]")) for i, b in enumerate(brokers)
+        )
+    return out
 
 
 def _timestamps(

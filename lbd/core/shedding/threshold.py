@@ -9,8 +9,10 @@ throughput) so that the idle broker can pick it up.
 
 Shared with ``transfer_shedder``: the load-data gate (stale data, cool-down, missing data), the
 grace period, never moving a broker's last bundle nor a bundle another broker owns, at most
-``max_brokers_per_cycle`` brokers shed per cycle (the most loaded first), and the
-``min_throughput_threshold`` below which a broker is left alone. The load is the reported
+``max_brokers_per_cycle`` brokers shed per cycle (the most loaded first). Only this strategy reads
+``min_throughput_threshold`` (MB/s, as Pulsar's ``loadBalancerBundleUnloadMinThroughputThreshold``):
+a broker whose planned offload (its latest throughput times the share to shed) is below it is
+left alone. The load is the reported
 ``weighted_max_ema`` (Pulsar's ThresholdShedder smooths the raw usage itself; here the reporter
 already did). It carries no state. With nothing to shed, the skip reason is ``HitCount`` (the
 shedding condition does not hold), as the TransferShedder reports a balanced cluster.
@@ -29,6 +31,7 @@ from lbd.core.shedding.model import (
     SheddingResult,
     SkipReason,
     UnloadDecision,
+    current_throughput,
     usable_load,
 )
 from lbd.core.tuning import SheddingConfig
@@ -67,7 +70,7 @@ def threshold_shed(
     decisions: list[UnloadDecision] = []
     for broker in overloaded:
         share = loads[broker] - avg - threshold + EXTRA_MARGIN
-        decisions += picker.pick(broker, usable.loads[broker].msg_throughput_ema * share)
+        decisions += picker.pick(broker, current_throughput(usable.loads[broker]) * share)
 
     if not decisions and config.lower_boundary_shedding_enabled:
         has_idle = any(load < avg - threshold for load in loads.values())
@@ -81,7 +84,7 @@ def threshold_shed(
             share = threshold * LOWER_BOUNDARY_MARGIN
             decisions += picker.pick(
                 donor,
-                usable.loads[donor].msg_throughput_ema * share,
+                current_throughput(usable.loads[donor]) * share,
                 DecisionReason.UNDERLOADED,
             )
 

@@ -8,26 +8,38 @@ One cycle:
 1. Load data older than ``load_data_ttl_s`` is ignored; a broker cooling down after an unload, no
    usable data, or a broker with no data at all ends the cycle (:func:`usable_load`).
 2. The shedding condition: the std is over target, or the least loaded broker is *underloaded*, or
-   the most loaded one is *overloaded*. As in Pulsar, it must hold more than
-   ``hit_count_threshold`` cycles in a row (the count is the carried :class:`ShedderState`) before
-   anything moves: with the default 3, the fourth cycle in a row sheds; 0 sheds at once.
+   the most loaded one is *overloaded* (load over ``overloaded_threshold`` and over avg + target).
+   As in Pulsar, it must hold more than ``hit_count_threshold`` cycles in a row (the count is the
+   carried :class:`ShedderState`) before anything moves: with the default 3, the fourth cycle in a
+   row sheds; 0 sheds at once.
 3. Brokers are sorted by load. The most loaded broker is paired with the least loaded one, up to
    ``max_brokers_per_cycle`` pairs, while the projected std is still over target or the pair still
    has an underloaded or overloaded member. Each pair moves about half its load difference: the load
-   to move is converted into bytes/s with the source broker's own load-per-throughput ratio.
+   to move is converted into bytes/s with the source broker's load and latest throughput (Pulsar's
+   ``msgThroughputIn + msgThroughputOut``, the time base of the top-bundles report).
 4. The source's bundles are taken smallest first (Pulsar's top-bundles report order) until the next
    one would overshoot. When transfer is on, an overshooting bundle may still go if the destination
    gives some of its own small bundles back (a *swap*) so that both end up below the source's
    current throughput, the destination no busier than the source, and the source under 75% of it.
-5. Never moved: a bundle another broker owns, one in its grace period, one with no throughput, a
-   broker's last bundle. A pair whose planned move is below ``min_throughput_threshold`` MB/s is
-   left alone.
+5. Never moved: a bundle another broker owns, one in its grace period, a broker's last bundle,
+   one the placement rules (isolation, anti-affinity: ``LoadSnapshot.allowed_destinations``) keep
+   off the destination (off every other broker, for a plain unload). Like Pulsar's, this
+   strategy does not read ``min_throughput_threshold`` (only ``threshold_shedder`` does): a
+   CPU-bound broker with little traffic sheds too.
 
-Where this differs from Pulsar's code, on purpose: the gain of a swap is always counted (Pulsar
-counts it only in debug mode); the destination of a swap keeps at least one bundle and gives no
-bundle in its grace period; the overloaded rule fires at ``load >= overloaded_threshold`` (and,
-as in Pulsar, ``load > avg + target_std``); equally loaded brokers are ordered by the given
-``random.Random`` rather than by hash-map order; ``min_throughput_threshold`` applies here too.
+Where this differs from Pulsar's code, each with the test whose scenario shows Pulsar wrong there:
+
+- the traffic a swap gains back is always counted (Pulsar counts it only when
+  ``loadBalancerDebugModeEnabled`` is on, so its decisions change with the log level):
+  ``test_a_swap_counts_what_it_gains_whatever_the_log_level``;
+- a swap gives back no bundle in its grace period (Pulsar's would send a bundle straight back to
+  the broker it just left): ``test_a_swap_never_sends_back_a_bundle_in_its_grace_period``;
+- a bundle with no traffic is not moved (Pulsar's moves it: it changes no load but disturbs its
+  clients and uses up a transfer): ``test_bundles_without_throughput_are_not_moved``;
+- a broker's last bundle is counted from the channel's table as well as from its report (Pulsar
+  counts its report only, so a broker whose report predates a move can lose its last bundle):
+  ``test_a_broker_whose_report_predates_a_move_keeps_its_last_bundle``;
+- equally loaded brokers are ordered by the given ``random.Random`` rather than by hash-map order.
 """
 
 from __future__ import annotations
@@ -38,7 +50,6 @@ from collections.abc import Iterator, Sequence
 from lbd.core.ids import BrokerId
 from lbd.core.load import BundleLoad
 from lbd.core.shedding.model import (
-    MB,
     DecisionReason,
     LoadSnapshot,
     ShedderState,
@@ -46,6 +57,7 @@ from lbd.core.shedding.model import (
     SkipReason,
     UnloadDecision,
     UsableLoad,
+    current_throughput,
     mean_and_std,
     usable_load,
 )
@@ -122,7 +134,7 @@ class _Cycle:
 
     def _overloaded(self, broker: BrokerId) -> bool:
         load = self.data[broker].weighted_max_ema
-        return load >= self.config.overloaded_threshold and load > self.avg + self.config.target_std
+        return load > self.config.overloaded_threshold and load > self.avg + self.config.target_std
 
     def _projected_std(self) -> float:
         return mean_and_std(self.projected.values())[1]
@@ -167,12 +179,23 @@ class _Cycle:
                 pairs += 1
         return self.decisions
 
-    def _movable(self, bundle: BundleLoad, holder: BrokerId) -> bool:
+    def _movable(self, bundle: BundleLoad, holder: BrokerId, to: BrokerId) -> bool:
         return (
             self.snapshot.owner_of(bundle.bundle, holder) == holder
             and not self.snapshot.in_grace_period(bundle.bundle, self.config, self.now_ms)
             and bundle.msg_throughput > 0
+            and self._transferable(bundle, holder, to)
         )
+
+    def _transferable(self, bundle: BundleLoad, holder: BrokerId, to: BrokerId) -> bool:
+        """Whether the placement rules let the bundle go to ``to`` (a transfer), or anywhere but
+        its holder (a plain unload), as Pulsar's ``isTransferable``."""
+        allowed = self.snapshot.allowed_destinations.get(bundle.bundle)
+        if allowed is None:
+            return True
+        if self.config.transfer_enabled:
+            return to in allowed
+        return bool(allowed - {holder})
 
     def _smallest_first(self, broker: BrokerId) -> list[BundleLoad]:
         reported = self.snapshot.top_bundles.get(broker, ())
@@ -181,8 +204,8 @@ class _Cycle:
     def _shed_pair(self, src: BrokerId, dst: BrokerId, reason: DecisionReason) -> bool:
         """Plan the moves of one pair; whether any load moved."""
         src_load = self.data[src].weighted_max_ema
-        src_tput = self.data[src].msg_throughput_ema
-        dst_tput = self.data[dst].msg_throughput_ema
+        src_tput = current_throughput(self.data[src])
+        dst_tput = current_throughput(self.data[dst])
         if not self.snapshot.top_bundles.get(src):
             self.brokers_without_top_bundles += 1
             return False
@@ -190,17 +213,13 @@ class _Cycle:
             self.brokers_without_movable_bundles += 1
             return False
         target = src_tput * (src_load - self.data[dst].weighted_max_ema) / 2 / src_load
-        if target < self.config.min_throughput_threshold * MB:
-            self.brokers_without_movable_bundles += 1
-            return False
 
         transfer = self.config.transfer_enabled
-        swap_pool = iter([b for b in self._smallest_first(dst) if self._movable(b, dst)])
+        swap_pool = iter([b for b in self._smallest_first(dst) if self._movable(b, dst, src)])
         src_left = len(self.snapshot.owned_bundles(src))
-        dst_left = len(self.snapshot.owned_bundles(dst))
         offloaded = gained = 0.0
         for bundle in self._smallest_first(src):
-            if not self._movable(bundle, src):
+            if not self._movable(bundle, src, dst):
                 continue
             if src_left <= 1:
                 break
@@ -212,7 +231,6 @@ class _Cycle:
                         src_tput=src_tput,
                         src_after=src_tput - offloaded + gained - tput,
                         dst_after=dst_tput + offloaded - gained + tput,
-                        dst_left=dst_left,
                     )
                     if transfer
                     else None
@@ -222,7 +240,6 @@ class _Cycle:
                 for back in swap:
                     self.decisions.append(UnloadDecision(back.bundle, dst, src, reason))
                     gained += back.msg_throughput
-                    dst_left -= 1
             self.decisions.append(
                 UnloadDecision(bundle.bundle, src, dst if transfer else None, reason)
             )
@@ -244,7 +261,6 @@ def _find_swap(
     src_tput: float,
     src_after: float,
     dst_after: float,
-    dst_left: int,
 ) -> list[BundleLoad] | None:
     """Bundles of the destination to send back so that an overshooting move still balances.
 
@@ -255,8 +271,6 @@ def _find_swap(
     """
     picked: list[BundleLoad] = []
     for candidate in pool:
-        if dst_left - len(picked) <= 1:
-            break
         tput = candidate.msg_throughput
         if src_after + tput < src_tput and dst_after - tput < src_tput:
             picked.append(candidate)

@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
-from lbd.core.assign import BrokerCandidate, Placement, Selection, select_broker
+from lbd.core.assign import (
+    BrokerCandidate,
+    Placement,
+    Selection,
+    filter_candidates,
+    select_broker,
+)
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import NotFoundError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData
 from lbd.core.namespace import NamespaceRecord
 from lbd.core.state import ServiceUnitState
 from lbd.core.tuning import AssignmentConfig
@@ -78,6 +85,57 @@ class Assigner:
         records = await self._namespaces.list()
         return self._choose(bundle, records, among=among, avoid=avoid, exclude=exclude)
 
+    async def move_destinations(
+        self, bundles: Iterable[BundleId]
+    ) -> dict[BundleId, frozenset[BrokerId]]:
+        """For each of ``bundles`` that a placement rule binds, the registered brokers it may
+        move to: the assignment filters (max topics, version, isolation, anti-affinity), with
+        the bundle itself left out of the anti-affinity counts. Bundles no rule binds (and those
+        of a namespace that no longer exists) are left out: they may go anywhere."""
+        records = await self._namespaces.list()
+        isolated = any(r.policies.isolation is not None for r in records)
+        loads = self._loads.brokers()
+        candidates = self._candidates(dict(self._registry.brokers()), loads)
+        everyone = frozenset(c.broker for c in candidates)
+        owners = self._follower.table.owners()
+        out: dict[BundleId, frozenset[BrokerId]] = {}
+        for bundle in bundles:
+            namespace = parse_bundle_id(bundle).namespace
+            record = next((r for r in records if r.name == namespace), None)
+            if record is None:
+                continue
+            policies = record.policies
+            if not isolated and policies.anti_affinity_group is None:
+                continue
+            placement = self._placement(record, records)
+            if policies.anti_affinity_group is not None:
+                others = {b: o for b, o in owners.items() if b != bundle}
+                placement = Placement(
+                    policies=placement.policies,
+                    cluster_isolation=placement.cluster_isolation,
+                    ownership=others,
+                    anti_affinity_groups=placement.anti_affinity_groups,
+                )
+            kept = frozenset(
+                c.broker
+                for c in filter_candidates(bundle, candidates, self._config, placement).kept
+            )
+            if kept != everyone:
+                out[bundle] = kept
+        return out
+
+    def _candidates(
+        self, brokers: Mapping[BrokerId, BrokerInfo], loads: Mapping[BrokerId, BrokerLoadData]
+    ) -> list[BrokerCandidate]:
+        return [
+            BrokerCandidate(
+                broker,
+                version=info.version or None,
+                topics=loads[broker].usage.topics if broker in loads else 0,
+            )
+            for broker, info in sorted(brokers.items())
+        ]
+
     def _choose(
         self,
         bundle: BundleId,
@@ -94,14 +152,7 @@ class Assigner:
             brokers.pop(avoid, None)
         record = _record_of(bundle, records)
         loads = self._loads.brokers()
-        candidates = [
-            BrokerCandidate(
-                broker,
-                version=info.version or None,
-                topics=loads[broker].usage.topics if broker in loads else 0,
-            )
-            for broker, info in sorted(brokers.items())
-        ]
+        candidates = self._candidates(brokers, loads)
         selection = select_broker(
             bundle, candidates, loads, self._config, self._rng, self._placement(record, records)
         )

@@ -4,7 +4,8 @@ Each cycle (every ``shedding.interval_s`` while leading, or on demand for the Re
 
 1. snapshot: the registered brokers (none: ``NoBrokers``), their latest load data and top bundles
    from the load topics (within ``load_data_ttl_s``), who holds each bundle in the channel table,
-   and the leader's own record of recent unloads;
+   the leader's own record of recent unloads, and for each reported bundle a placement rule
+   binds (isolation, anti-affinity) the brokers it may move to;
 2. decide: the configured strategy (:data:`lbd.core.shedding.STRATEGIES`), carrying its state
    (hit counts) from the previous cycle;
 3. act: for each decision whose bundle is still ``Owned`` by its source, propose
@@ -18,8 +19,10 @@ the snapshot would rest on a registry that may be stale.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from lbd.core.errors import LbdError
@@ -45,6 +48,9 @@ from lbd.services.cluster.loads import LoadView
 from lbd.services.cluster.registry import BrokerRegistry
 
 _log = logging.getLogger(__name__)
+
+MoveDestinations = Callable[[Iterable[BundleId]], Awaitable[Mapping[BundleId, frozenset[BrokerId]]]]
+"""Where each of some bundles may move (``Assigner.move_destinations``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +83,12 @@ class UnloadScheduler:
         metrics: Metrics,
         rng: random.Random,
         history: HistoryRecorder,
+        destinations: MoveDestinations | None = None,
     ) -> None:
         """Runs ``strategy`` (a key of :data:`lbd.core.shedding.STRATEGIES`) every
-        ``interval_s`` while leading."""
+        ``interval_s`` while leading; ``destinations`` gives the placement rules of the
+        reported bundles (none: every bundle may go anywhere)."""
+        self._destinations = destinations
         self._history = history
         self._proposer = proposer
         self._follower = follower
@@ -130,6 +139,11 @@ class UnloadScheduler:
                 raise UnavailableError("safe mode: the broker registry cannot be reached")
             now = self._clock.now_ms()
             snapshot = self._snapshot(now)
+            if self._destinations is not None:
+                reported = [b.bundle for top in snapshot.top_bundles.values() for b in top]
+                snapshot = dataclasses.replace(
+                    snapshot, allowed_destinations=await self._destinations(reported)
+                )
             result, state = self._strategy(snapshot, self._config, self._state, now, self._rng)
             if dry_run:
                 for decision in result.decisions:

@@ -192,12 +192,16 @@ class Operations:
             )
         parsed = parse_bundle_id(bundle)
         record = await self._namespaces.get(parsed.namespace)
+        topics = self._topics(bundle, parsed.range)
         points = split_positions(
             algo,
             parsed.range,
-            topics=self._topics(bundle, parsed.range),
+            topics=topics,
             positions=boundaries,
             config=self._split_config,
+            # As in Pulsar, positions do not split a bundle of one topic; without a report the
+            # count is unknown and not checked.
+            topic_count=None if self._link.latest_report is None else len(topics),
         )
         limit = record.policies.max_bundles or self._split_config.max_bundles_per_namespace
         count = len(record.bundles())

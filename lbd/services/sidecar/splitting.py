@@ -1,10 +1,13 @@
 """The split scheduler: every sidecar splits its own broker's hot bundles (DESIGN §7).
 
-Every ``split.interval_s`` it takes the per-bundle stats of the broker's latest load report, keeps
-the bundles the channel says this broker owns, and asks the pure decision
+Every ``split.interval_s`` it snapshots the per-bundle and per-topic stats of the broker's latest
+load report, which of those bundles the channel says this broker owns, the bundles Splitting in
+the channel and each namespace's bundle count, then asks the pure decision
 (:func:`lbd.core.split.find_bundles_to_split`) which to split, carrying the hit counts from cycle
-to cycle. Each decision goes to :meth:`Operations.split`, which runs the split protocol. A sidecar
-with no broker attached has no per-bundle stats and splits nothing.
+to cycle. Each decision goes to :meth:`Operations.split`, which runs the split protocol (and
+computes the split points again from the report of that moment, normally the same one). The
+decision's failures are counted as ``lbd_split_total{result="Failure",reason="Unknown"}``, as
+Pulsar counts them. A sidecar with no broker attached has no per-bundle stats and splits nothing.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from lbd.core.bundles import parse_bundle_id
+from lbd.core.broker import LoadReport
+from lbd.core.bundles import TopicLoad, parse_bundle_id, topic_hash
 from lbd.core.errors import LbdError, NotFoundError
-from lbd.core.ids import BrokerId
-from lbd.core.load import BundleLoad
+from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
-from lbd.core.split import SplitPlan, SplitState, find_bundles_to_split
-from lbd.core.state import owner_of
+from lbd.core.split import SplitPlan, SplitSnapshot, SplitState, find_bundles_to_split
+from lbd.core.state import ServiceUnitState, owner_of
 from lbd.core.tuning import SplitConfig
+from lbd.metrics import FAILURE, UNKNOWN_REASON, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
@@ -46,6 +50,7 @@ class SplitScheduler:
         config: SplitConfig,
         *,
         interval_s: float,
+        metrics: Metrics | None = None,
         on_death: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self._me = me
@@ -56,6 +61,7 @@ class SplitScheduler:
         self._clock = clock
         self._config = config
         self._interval_s = interval_s
+        self._metrics = metrics
         self._on_death = on_death
         self._state = SplitState()
         self._task: asyncio.Task[None] | None = None
@@ -83,17 +89,21 @@ class SplitScheduler:
         await self.close()
 
     async def run_once(self) -> SplitPlan:
-        """One cycle: decide on this broker's owned bundles, then split each decided bundle.
+        """One cycle: snapshot, decide, then split each decided bundle.
 
         A split that fails (the bundle moved meanwhile, the store is down) is logged (and counted
         by :meth:`Operations.split`, which counts every split); the other decisions still go ahead.
         """
-        loads = self._owned_loads()
-        counts, limits = await self._namespace_sizes(loads)
-        plan = find_bundles_to_split(loads, counts, self._config, self._state, limits)
+        snapshot = await self._snapshot()
+        plan = find_bundles_to_split(snapshot, self._config, self._state)
         self._state = plan.state
         for bundle, why in plan.held_back:
             _log.debug("split of %s held back: %s", bundle, why)
+        for bundle, why in plan.failures:
+            _log.warning("split of %s failed: %s", bundle, why)
+        if plan.failures and self._metrics is not None:
+            failed = self._metrics.split_total.labels(result=FAILURE, reason=UNKNOWN_REASON)
+            failed.inc(len(plan.failures))
         for decision in plan.decisions:
             try:
                 outcome = await self._operations.split(
@@ -105,27 +115,37 @@ class SplitScheduler:
             _log.info("split decision: %s -> %s", decision, ", ".join(outcome.children))
         return plan
 
-    def _owned_loads(self) -> list[BundleLoad]:
-        """The latest report's stats of the bundles the table says this broker owns."""
+    async def _snapshot(self) -> SplitSnapshot:
+        """What the decision needs, read now: the latest report's stats, which of its bundles
+        this broker owns, the bundles Splitting in the channel, the namespaces' bundle counts."""
         report = self._link.latest_report if self._link.attached else None
         if report is None:
-            return []
-        loads: list[BundleLoad] = []
-        for load in report.bundles:
-            if owner_of(self._follower.get(load.bundle)) == self._me:
-                loads.append(load)
-        return loads
+            return SplitSnapshot(loads=(), owned=frozenset(), bundle_counts={})
+        table = self._follower.table
+        owned = frozenset(
+            load.bundle for load in report.bundles if owner_of(table.get(load.bundle)) == self._me
+        )
+        counts, limits = await self._namespace_sizes(owned)
+        return SplitSnapshot(
+            loads=report.bundles,
+            owned=owned,
+            bundle_counts=counts,
+            max_bundles=limits,
+            splitting=[b for b, v in table.items() if v.state is ServiceUnitState.Splitting],
+            topics={b: _topics(report, b) for b in owned},
+        )
 
     async def _namespace_sizes(
-        self, loads: list[BundleLoad]
+        self, bundles: frozenset[BundleId]
     ) -> tuple[dict[NamespaceName, int], dict[NamespaceName, int]]:
         """Each namespace's bundle count, and its own max bundles where its policies set one.
 
-        A namespace whose record cannot be read is left out: the decision holds its bundles back.
+        A namespace whose record cannot be read is left out: the decision counts a failure for
+        each of its bundles that would split.
         """
         counts: dict[NamespaceName, int] = {}
         limits: dict[NamespaceName, int] = {}
-        for namespace in sorted({parse_bundle_id(load.bundle).namespace for load in loads}):
+        for namespace in sorted({parse_bundle_id(b).namespace for b in bundles}):
             try:
                 record = await self._namespaces.get(namespace)
             except (NotFoundError, UnavailableError) as e:
@@ -143,3 +163,10 @@ class SplitScheduler:
                 await self.run_once()
             except LbdError as e:
                 _log.warning("split cycle failed: %s", e)
+
+
+def _topics(report: LoadReport, bundle: BundleId) -> list[TopicLoad]:
+    """The bundle's topics in the report (ones that hash elsewhere, from a report older than a
+    split, are left out)."""
+    bundle_range = parse_bundle_id(bundle).range
+    return [t for t in report.topics_of(bundle) if topic_hash(t.topic) in bundle_range]

@@ -220,3 +220,39 @@ async def test_while_the_channel_takes_no_writes_new_assignments_fail_fast_and_o
         again = await a.lookup.lookup(TOPIC)
         assert (again.bundle, again.owner_id) == (owned.bundle, owned.owner_id)
         h.log.hang_publishes(False)
+
+
+async def test_move_destinations_follow_isolation() -> None:
+    async with Harness() as h:
+        a, _b, _c = await h.start(3)
+        isolated = NamespaceName("tenant", "isolated")
+        await a.namespaces.create(
+            isolated, 2, NamespacePolicies(isolation=IsolationPolicy(("broker-1", "broker-2")))
+        )
+        iso = NamespaceBundles.default(isolated, 2).bundles()[0].id
+        free = bundle_of(TOPIC)
+        allowed = await a.assigner.move_destinations([iso, free])
+        assert allowed == {
+            iso: {"broker-1", "broker-2"},
+            # The isolated namespace's primaries are reserved for it.
+            free: {"broker-0"},
+        }
+
+
+async def test_move_destinations_follow_anti_affinity() -> None:
+    async with Harness() as h:
+        a, _b, _c = await h.start(3)
+        spread = [NamespaceName("tenant", f"spread-{i}") for i in range(2)]
+        for ns in spread:
+            await a.namespaces.create(ns, 1, NamespacePolicies(anti_affinity_group="g"))
+        first = (await a.lookup.lookup("persistent://tenant/spread-0/t")).bundle
+        second = (await a.lookup.lookup("persistent://tenant/spread-1/t")).bundle
+        await h.idle()
+        assert h.owner(first) != h.owner(second)
+        allowed = await a.assigner.move_destinations([first, second, bundle_of(TOPIC)])
+        # Neither may join the other namespace of its group; an unbound bundle is not listed.
+        everyone = {"broker-0", "broker-1", "broker-2"}
+        assert allowed == {
+            first: everyone - {h.owner(second)},
+            second: everyone - {h.owner(first)},
+        }

@@ -20,12 +20,14 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies
 from lbd.core.shedding import DecisionReason, SkipReason, parse_scenario, scenario_to_json
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, decode_value, encode_value
 from lbd.core.tuning import MB, SheddingConfig
 from lbd.metrics import Metrics
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
+from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.leader.shedding import UnloadScheduler
 
@@ -55,6 +57,7 @@ class Rig:
     top_pub: MemoryLoadStore
     scheduler: UnloadScheduler
     metrics: Metrics
+    namespaces: NamespaceService
 
     async def own(self, broker: BrokerId, *bundles: BundleId) -> None:
         for b in bundles:
@@ -94,10 +97,13 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(settings: SheddingConfig = SETTINGS) -> AsyncIterator[Rig]:
+async def rig(
+    settings: SheddingConfig = SETTINGS, strategy: str = "transfer_shedder"
+) -> AsyncIterator[Rig]:
     """One sidecar as the wiring builds it, with no broker of its own (so it takes no bundle),
-    whose unload scheduler the tests run by hand; ``brokers`` registers the brokers A and B."""
-    config = dataclasses.replace(QUIET, shedding=settings)
+    whose unload scheduler the tests run by hand; ``brokers`` registers the brokers A and B.
+    The scheduler's own behaviour is shown with Pulsar's TransferShedder."""
+    config = dataclasses.replace(QUIET, shedding=settings, shedding_strategy=strategy)
     async with Harness(seed=3, config=config) as h:
         leader = await h.add("leader", auto_ack=False)
         brokers = MemoryMetadataStore(h.metadata, POLICY)
@@ -114,6 +120,7 @@ async def rig(settings: SheddingConfig = SETTINGS) -> AsyncIterator[Rig]:
                 MemoryLoadStore(h.top_bundles, h.clock),
                 leader.unload_scheduler,
                 leader.metrics,
+                leader.namespaces,
             )
         finally:
             await brokers.close()
@@ -146,6 +153,37 @@ async def test_a_cycle_proposes_releasing_off_the_overloaded_broker() -> None:
         assert set(snapshot.recently_unloaded_brokers) == {A}
         again = await r.scheduler.run_once(dry_run=False)
         assert again.skip_reason is SkipReason.COOL_DOWN
+
+
+@pytest.mark.parametrize("strategy", ["cluster_planner", "transfer_shedder", "avg_shedder"])
+async def test_the_strategy_sees_the_placement_rules_of_the_reported_bundles(
+    strategy: str,
+) -> None:
+    settings = dataclasses.replace(
+        SETTINGS,
+        avg_shedder_hit_count_high_threshold=1,
+        avg_shedder_hit_count_low_threshold=1,
+        avg_shedder_unload_share=0.5,
+    )
+    async with rig(settings, strategy) as r:
+        c = BrokerId("broker-c")
+        await r.register(c)
+        await r.imbalanced()
+        await r.report(c, 0.2, (bundle(5),))
+        await r.own(c, bundle(5))
+        # The default namespace may only live on A and C: B, the least loaded, is out.
+        await r.namespaces.set_policies(
+            DEFAULT_NAMESPACE, NamespacePolicies(isolation=IsolationPolicy((A, c)))
+        )
+        report = await r.scheduler.run_cycle(dry_run=True)
+        destinations = {d.dst for d in report.result.decisions}
+        if strategy == "cluster_planner":
+            assert destinations == {c}
+        else:
+            # Pulsar's strategies pair A with the least loaded broker, B, only: that pair may
+            # not move anything.
+            assert destinations == set()
+            assert report.result.skip_reason is SkipReason.NO_BUNDLES
 
 
 async def test_a_dry_run_proposes_nothing_and_carries_no_state() -> None:

@@ -1,5 +1,6 @@
 """The split scheduler of in-process sidecars (as the wiring builds it): a hot bundle splits after
-the hit count, and each split is counted once."""
+the hit count, and each split is counted once; a child of a bundle still Splitting is held back;
+the decision's failures are counted."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from harness import DEFAULT_NAMESPACE, Harness, Sidecar
 from rig import settle, turns
 
 from lbd.core.broker import LoadReport
-from lbd.core.bundles import NamespaceBundles
+from lbd.core.bundles import NamespaceBundles, bundle_id, parse_bundle_id
 from lbd.core.ids import BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.split import SplitReason
 from lbd.core.state import ServiceUnitState
+from lbd.core.tuning import SplitConfig
+from lbd.services.sidecar.splitting import SplitScheduler
 
 S = ServiceUnitState
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
@@ -104,3 +107,60 @@ async def test_the_scheduler_runs_every_interval() -> None:
         await splitter.close()
         await h.clock.run_for(h.config.split_interval_s * 2)
         assert splitter.state.hit_counts == {HOT: 2}  # closed: no more cycles
+
+
+async def test_a_child_of_a_bundle_still_splitting_is_held_back() -> None:
+    parent = parse_bundle_id(HOT)
+    middle = (parent.range.lo + parent.range.hi) // 2
+    lo = bundle_id(parent.namespace, parent.range.lo, middle)
+    hi = bundle_id(parent.namespace, middle, parent.range.hi)
+    async with Harness() as h:
+        a = await h.add("broker-a", auto_ack=False, fake_broker=True)
+        b = await h.add("broker-b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        await h.idle()
+        await a.namespaces.get(DEFAULT_NAMESPACE)  # the bundle count, cached before the cut
+        a.metadata.set_cut_off(True)  # the layout cannot be cut: the split waits
+        await a.proposer.propose(HOT, S.Splitting, src=a.me, split_children={lo: a.me, hi: a.me})
+        await turns(lambda: a.served() >= {lo, hi})
+        # A child Owned while its parent is still Splitting (B writes it: A is cut off).
+        await b.proposer.propose(lo, S.Owned, dst=a.me)
+        await turns(lambda: a.follower.get(lo) is not None)
+        await report(a, BundleLoad(lo, topics=1500))
+        for _ in range(4):
+            plan = await a.splitter.run_once()
+        assert plan.decisions == () and plan.failures == ()
+        assert plan.held_back == ((lo, f"overlaps {HOT}, which is Splitting"),)
+        a.metadata.set_cut_off(False)
+        await turns(lambda: a.follower.get(HOT).state is S.Deleted)
+        await h.idle()
+        plan = await a.splitter.run_once()
+        assert [d.bundle for d in plan.decisions] == [lo]
+
+
+async def test_the_decisions_failures_are_counted_as_unknown() -> None:
+    async with Harness() as h:
+        a = await h.add("broker-a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(HOT, a.me)
+        await h.idle()
+        # topic_count_equally_divide, and the broker sends no topic stats: no split point.
+        config = SplitConfig(algorithm="topic_count_equally_divide", hit_count_threshold=0)
+        splitter = SplitScheduler(
+            a.me,
+            a.operations,
+            a.follower,
+            a.link,
+            a.namespaces,
+            h.clock,
+            config,
+            interval_s=60.0,
+            metrics=a.metrics,
+        )
+        await report(a, BundleLoad(HOT, topics=1500))
+        plan = await splitter.run_once()
+        assert plan.decisions == ()
+        assert [b for b, _ in plan.failures] == [HOT]
+        failed = a.metrics.split_total.labels(result="Failure", reason="Unknown")
+        assert failed._value.get() == 1

@@ -1,4 +1,5 @@
-"""Balance metrics shared by the report and the replay: episodes over target and ping-pong.
+"""Balance metrics shared by the analytics report, its replay and the balancing scenario suite:
+episodes over target and ping-pong.
 
 - An **episode** starts at the first point where the cluster's load std is over the target (at the
   start of the history, or after a point at or under it) and ends at the first later point back
@@ -7,7 +8,8 @@
 - A **ping-pong** is a bundle arriving at a broker it left less than a window ago.
 
 :mod:`lbd.analytics.report` computes both with Spark over a history; this module computes them
-in plain Python over one simulated run, with the same definitions.
+in plain Python over one simulated run (``lbd analytics replay``, ``lbd bench balance``), with the
+same definitions.
 """
 
 from __future__ import annotations

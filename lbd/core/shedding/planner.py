@@ -1,0 +1,406 @@
+"""``cluster_planner``: lbd's own strategy, planning the whole cycle's moves over the whole cluster.
+
+Pulsar's strategies look at brokers a pair (TransferShedder, AvgShedder) or one (ThresholdShedder)
+at a time, read load from an average that trails each move by several reports, and then stop every
+broker for a cool-down so that the average can catch up. This strategy instead *estimates* where
+each broker's load is now, and plans every move of the cycle against that estimate, one move at a
+time, each the one that lowers the cluster's load variance most. docs/balancing.md gives the
+design and the figures of the scenario suite (``lbd bench balance``).
+
+The estimate (:func:`estimate`):
+
+1. **Load per byte.** A broker's ``weighted_max_ema`` over its ``msg_throughput_ema`` is what one
+   byte/s costs it. It differs between brokers of different sizes, so a move's effect is computed
+   on each side with that side's own ratio. A broker without traffic (a new one) takes the
+   cluster's median ratio, scaled by its network capacity against the others' when both are known.
+2. **Lag.** The EMA trails the raw load; the latest raw sample (``usage``) does not. A broker's load
+   is its EMA moved by the change between its EMA throughput and its latest raw throughput.
+3. **Moves not reported yet.** The strategy remembers its own moves (:class:`ShedderState.moves`);
+   a move the channel has carried out (the bundle's owner changed) and that is newer than a
+   broker's latest report is added to or taken from that broker.
+
+The plan:
+
+- **When.** The cluster needs balancing when the estimated std is over ``target_std``, or a broker
+  is overloaded (at or over ``overloaded_threshold`` and over avg + target), or underloaded (under
+  ``min(0.5, target_std / 2)`` of the average: nearly empty, e.g. new). The first two must hold
+  more than ``hit_count_threshold`` cycles in a row, as in Pulsar, so a spike moves nothing; an
+  underloaded broker is filled at once, since no spike empties a broker.
+- **What.** Greedy: among the bundles of the most loaded brokers and the least loaded destinations
+  the placement rules allow (:attr:`LoadSnapshot.allowed_destinations`), the move that lowers the
+  projected variance most; repeated until the projected std is under the planning goal (half
+  the target, at most 0.05: :func:`planning_goal`) and no broker is over- or underloaded. An
+  episode under way goes on, cycle after cycle, until the goal is met (hysteresis). A move that
+  would not lower the variance is never made, so the projected std only falls.
+- **Limits.** At most ``max_brokers_per_cycle`` source brokers and ``max_moves_per_broker`` moves
+  in or out of any one broker per cycle; never a broker's last bundle; never a bundle in its grace
+  period, nor one another broker owns; never a bundle back to a broker it left less than
+  :data:`PING_PONG_WINDOW_MS` ago.
+
+Unlike Pulsar there is no cool-down that stops the whole cycle: the estimate already counts what a
+cooling broker's report does not show yet. Load data older than ``load_data_ttl_s``, and a
+registered broker that has never reported, stop the cycle as in Pulsar.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.shedding.model import (
+    DecisionReason,
+    LoadSnapshot,
+    PastMove,
+    ShedderState,
+    SheddingResult,
+    SkipReason,
+    UnloadDecision,
+    current_throughput,
+    usable_load,
+)
+from lbd.core.tuning import SheddingConfig
+
+PLAN_MARGIN = 0.5
+"""A cycle plans down to this share of ``target_std`` (at most :data:`PLAN_FLOOR`), so that drift
+within the target does not bring the cluster straight back over it."""
+PLAN_FLOOR = 0.05
+"""The planning goal never exceeds this std: a loose target (the default 0.25 lets a broker sit at
+twice another's load) says when to act, not how unbalanced to leave the cluster once acting."""
+PING_PONG_WINDOW_MS = 3_600_000
+"""A bundle never goes back to a broker it left less than this ago (one hour)."""
+SOURCES_TRIED = 4
+"""Most loaded brokers considered as the source of each move."""
+DESTINATIONS_TRIED = 6
+"""Least loaded brokers considered as the destination of each bundle."""
+_EPSILON = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Each usable broker's estimated current load and its load per byte/s."""
+
+    loads: Mapping[BrokerId, float]
+    per_byte: Mapping[BrokerId, float]
+
+    def after(
+        self, decisions: tuple[UnloadDecision, ...], throughput: Mapping[BundleId, float]
+    ) -> dict[BrokerId, float]:
+        """The loads once ``decisions`` (with a destination) have moved bundles of the given
+        throughputs."""
+        loads = dict(self.loads)
+        for d in decisions:
+            if d.dst is None:
+                continue
+            t = throughput[d.bundle]
+            loads[d.src] -= t * self.per_byte[d.src]
+            loads[d.dst] += t * self.per_byte[d.dst]
+        return loads
+
+
+def estimate(
+    snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
+) -> Estimate | None:
+    """The estimate of the module docstring over the brokers of ``loads``; None when no broker
+    carries traffic (no load per byte is known)."""
+    known = {
+        b: d.weighted_max_ema / d.msg_throughput_ema
+        for b, d in loads.items()
+        if d.msg_throughput_ema > 0 and d.weighted_max_ema > 0
+    }
+    if not known:
+        return None
+    median = statistics.median(known.values())
+    by_capacity = [k * _capacity(loads[b]) for b, k in known.items() if _capacity(loads[b]) > 0]
+    per_byte: dict[BrokerId, float] = {}
+    for broker, data in loads.items():
+        if broker in known:
+            per_byte[broker] = known[broker]
+        elif by_capacity and _capacity(data) > 0:
+            per_byte[broker] = statistics.median(by_capacity) / _capacity(data)
+        else:
+            per_byte[broker] = median
+    unreported = _unreported_moves(snapshot, loads, state)
+    estimated: dict[BrokerId, float] = {}
+    for broker, data in loads.items():
+        raw = current_throughput(data)
+        now = max(0.0, raw + unreported.get(broker, 0.0))
+        load = data.weighted_max_ema + per_byte[broker] * (now - data.msg_throughput_ema)
+        estimated[broker] = max(0.0, load)
+    return Estimate(loads=estimated, per_byte=per_byte)
+
+
+def _capacity(data: BrokerLoadData) -> float:
+    """The broker's network capacity as it reports it (0 when unknown)."""
+    return data.usage.bandwidth_in.limit + data.usage.bandwidth_out.limit
+
+
+def _unreported_moves(
+    snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
+) -> dict[BrokerId, float]:
+    """Per broker, the throughput gained (+) or given (-) by carried-out moves newer than its
+    latest report."""
+    delta: dict[BrokerId, float] = {}
+    for move in state.moves:
+        owner = snapshot.owners.get(move.bundle)
+        if owner is None or owner == move.src:
+            continue  # not carried out (dropped, or still moving)
+        if move.dst is not None and owner != move.dst:
+            continue  # moved again since, by someone else: the reports will show it
+        for broker, sign in ((move.src, -1.0), (owner, 1.0)):
+            data = loads.get(broker)
+            if data is not None and data.updated_at_ms <= move.at_ms:
+                delta[broker] = delta.get(broker, 0.0) + sign * move.throughput
+    return delta
+
+
+def planning_goal(config: SheddingConfig) -> float:
+    """The std a cycle plans down to, once the cluster needs balancing."""
+    return min(config.target_std * PLAN_MARGIN, PLAN_FLOOR)
+
+
+def plan_shed(
+    snapshot: LoadSnapshot,
+    config: SheddingConfig,
+    state: ShedderState,
+    now_ms: int,
+    rng: random.Random,
+) -> tuple[SheddingResult, ShedderState]:
+    """Run one cluster_planner cycle; return its result and the state for the next cycle."""
+    memory = max(PING_PONG_WINDOW_MS, config.load_data_ttl_s * 1000)
+    kept = tuple(m for m in state.moves if now_ms - m.at_ms < memory)
+    state = ShedderState(hit_count=state.hit_count, moves=kept)
+    usable = usable_load(snapshot, config, now_ms)
+
+    def skip(reason: SkipReason, hit_count: int) -> tuple[SheddingResult, ShedderState]:
+        result = SheddingResult((), reason, usable.avg, usable.std)
+        return result, ShedderState(hit_count=hit_count, moves=kept)
+
+    if usable.skip_reason not in (None, SkipReason.COOL_DOWN):
+        assert usable.skip_reason is not None
+        return skip(usable.skip_reason, state.hit_count)
+    est = estimate(snapshot, usable.loads, state)
+    if est is None:
+        return skip(SkipReason.NO_BUNDLES, 0)
+    plan = _Plan(snapshot, config, est, state, now_ms, rng)
+    # Hysteresis: an episode under way goes on until the std is under the planning goal.
+    under_way = state.hit_count > config.hit_count_threshold
+    goal = planning_goal(config) if under_way else config.target_std
+    persistent = plan.imbalanced(goal) or bool(plan.overloaded())
+    hit_count = state.hit_count + 1 if persistent else 0
+    if not plan.underloaded() and (not persistent or hit_count <= config.hit_count_threshold):
+        return skip(SkipReason.HIT_COUNT, hit_count)
+    decisions = plan.run()
+    if not decisions:
+        return skip(plan.skip_reason(), hit_count)
+    moves = kept + tuple(
+        PastMove(d.bundle, d.src, d.dst, plan.throughput[d.bundle], now_ms) for d in decisions
+    )
+    result = SheddingResult(tuple(decisions), None, usable.avg, usable.std)
+    # An episode that moved bundles is confirmed: while the condition still holds, the next
+    # cycle goes on with it instead of waiting out the hit count again.
+    confirmed = max(hit_count, config.hit_count_threshold + 1)
+    return result, ShedderState(hit_count=confirmed, moves=moves)
+
+
+class _Plan:
+    """One cycle's working state: projected loads, what may still move, the decisions."""
+
+    def __init__(
+        self,
+        snapshot: LoadSnapshot,
+        config: SheddingConfig,
+        est: Estimate,
+        state: ShedderState,
+        now_ms: int,
+        rng: random.Random,
+    ) -> None:
+        self.snapshot = snapshot
+        self.config = config
+        self.per_byte = est.per_byte
+        self.projected = dict(est.loads)
+        self.avg = math.fsum(self.projected.values()) / len(self.projected)
+        ids = sorted(self.projected)
+        rng.shuffle(ids)  # ties between equally loaded brokers go by the seeded shuffle
+        self.order = ids
+        self.left = {
+            (m.bundle, m.src): m.at_ms
+            for m in state.moves
+            if now_ms - m.at_ms < PING_PONG_WINDOW_MS
+        }
+        self.throughput: dict[BundleId, float] = {}
+        self.movable: dict[BrokerId, list[BundleLoad]] = {}
+        self.holding: dict[BrokerId, int] = {}
+        self.without_top_bundles = 0
+        for broker in self.projected:
+            reported = snapshot.top_bundles.get(broker, ())
+            if not reported:
+                self.without_top_bundles += 1
+            self.movable[broker] = [
+                b
+                for b in reported
+                if snapshot.owner_of(b.bundle, broker) == broker
+                and not snapshot.in_grace_period(b.bundle, config, now_ms)
+                and b.msg_throughput > 0
+            ]
+            self.throughput.update((b.bundle, b.msg_throughput) for b in reported)
+            self.holding[broker] = len(snapshot.owned_bundles(broker))
+        self.sources: set[BrokerId] = set()
+        self.moves_of: Counter[BrokerId] = Counter()
+        self.decisions: list[UnloadDecision] = []
+
+    # -- conditions ----------------------------------------------------------------------------
+
+    def _std(self) -> float:
+        n = len(self.projected)
+        mean = math.fsum(self.projected.values()) / n
+        return math.sqrt(math.fsum((v - mean) ** 2 for v in self.projected.values()) / n)
+
+    def imbalanced(self, goal: float | None = None) -> bool:
+        """Whether the projected std is over ``goal`` (the target by default)."""
+        return self._std() > (self.config.target_std if goal is None else goal)
+
+    def overloaded(self) -> set[BrokerId]:
+        """Brokers at or over the overloaded threshold and over avg + target."""
+        avg = math.fsum(self.projected.values()) / len(self.projected)
+        return {
+            b
+            for b, load in self.projected.items()
+            if load >= self.config.overloaded_threshold and load > avg + self.config.target_std
+        }
+
+    def underloaded(self) -> set[BrokerId]:
+        """Nearly empty brokers (Pulsar's underloaded multiplier of the average)."""
+        multiplier = min(0.5, max(0.0, self.config.target_std / 2.0))
+        avg = math.fsum(self.projected.values()) / len(self.projected)
+        return {b for b, load in self.projected.items() if load < avg * multiplier}
+
+    def skip_reason(self) -> SkipReason:
+        """Why :meth:`run` decided nothing."""
+        if self.without_top_bundles == len(self.projected):
+            return SkipReason.NO_LOAD_DATA
+        return SkipReason.NO_BUNDLES
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def run(self) -> list[UnloadDecision]:
+        """Add the best move while the cluster still needs one and a move still helps."""
+        goal = planning_goal(self.config)
+        while True:
+            under = self.underloaded()
+            over = self.overloaded()
+            if self.imbalanced(goal):
+                sources, destinations = None, None
+            elif over:
+                sources, destinations = over, None
+            elif under:
+                sources, destinations = None, under
+            else:
+                break
+            move = self._best_move(sources, destinations)
+            if move is None:
+                break
+            self._apply(*move, underloaded=under)
+        return self.decisions
+
+    def _best_move(
+        self, sources: set[BrokerId] | None, destinations: set[BrokerId] | None
+    ) -> tuple[BundleLoad, BrokerId, BrokerId] | None:
+        n = len(self.projected)
+        s1 = math.fsum(self.projected.values())
+        s2 = math.fsum(v * v for v in self.projected.values())
+        variance = s2 / n - (s1 / n) ** 2
+        mean = s1 / n
+        best: tuple[float, float, BundleLoad, BrokerId, BrokerId] | None = None
+        ascending = sorted(self.order, key=lambda b: self.projected[b])
+        for src in self._source_candidates(ascending[::-1], sources):
+            ls = self.projected[src]
+            if ls <= mean:
+                continue
+            for bundle in self.movable[src]:
+                t = bundle.msg_throughput
+                for dst in self._destination_candidates(ascending, bundle, src, destinations):
+                    out, into = t * self.per_byte[src], t * self.per_byte[dst]
+                    ld = self.projected[dst]
+                    # Only from above the mean to below it, and never past each other: a
+                    # source limited by max_brokers_per_cycle must not be drained to fill
+                    # every idle broker.
+                    if ld >= mean or ls - out < ld + into:
+                        continue
+                    d2 = (ls - out) ** 2 - ls * ls + (ld + into) ** 2 - ld * ld
+                    gain = variance - ((s2 + d2) / n - ((s1 - out + into) / n) ** 2)
+                    if gain <= _EPSILON:
+                        continue
+                    # The largest gain; between equal gains, the fewer bytes.
+                    key = (gain, -t)
+                    if best is None or key > best[:2]:
+                        best = (gain, -t, bundle, src, dst)
+        return None if best is None else best[2:]
+
+    def _source_candidates(
+        self, descending: list[BrokerId], only: set[BrokerId] | None
+    ) -> list[BrokerId]:
+        cap = self.config.max_moves_per_broker
+        out: list[BrokerId] = []
+        for broker in descending:
+            if only is not None and broker not in only:
+                continue
+            if (
+                broker not in self.sources
+                and len(self.sources) >= self.config.max_brokers_per_cycle
+            ):
+                continue
+            if (
+                self.moves_of[broker] >= cap
+                or self.holding[broker] <= 1
+                or not self.movable[broker]
+            ):
+                continue
+            out.append(broker)
+            if len(out) == SOURCES_TRIED:
+                break
+        return out
+
+    def _destination_candidates(
+        self,
+        ascending: list[BrokerId],
+        bundle: BundleLoad,
+        src: BrokerId,
+        only: set[BrokerId] | None,
+    ) -> list[BrokerId]:
+        cap = self.config.max_moves_per_broker
+        out: list[BrokerId] = []
+        for broker in ascending:
+            if broker == src or self.moves_of[broker] >= cap:
+                continue
+            if only is not None and broker not in only:
+                continue
+            if not self.snapshot.may_move_to(bundle.bundle, broker):
+                continue
+            if (bundle.bundle, broker) in self.left:
+                continue
+            out.append(broker)
+            if len(out) == DESTINATIONS_TRIED:
+                break
+        return out
+
+    def _apply(
+        self, bundle: BundleLoad, src: BrokerId, dst: BrokerId, *, underloaded: set[BrokerId]
+    ) -> None:
+        t = bundle.msg_throughput
+        self.projected[src] -= t * self.per_byte[src]
+        self.projected[dst] += t * self.per_byte[dst]
+        self.movable[src].remove(bundle)
+        self.holding[src] -= 1
+        self.holding[dst] += 1
+        self.sources.add(src)
+        self.moves_of[src] += 1
+        self.moves_of[dst] += 1
+        reason = DecisionReason.UNDERLOADED if dst in underloaded else DecisionReason.OVERLOADED
+        target = dst if self.config.transfer_enabled else None
+        self.decisions.append(UnloadDecision(bundle.bundle, src, target, reason))

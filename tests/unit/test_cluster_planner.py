@@ -1,0 +1,357 @@
+"""The cluster planner (lbd's own strategy): its rules case by case, and its promises as
+properties over generated clusters."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lbd.core.errors import InvalidInputError
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage
+from lbd.core.shedding import (
+    DecisionReason,
+    LoadSnapshot,
+    PastMove,
+    Scenario,
+    ShedderState,
+    SkipReason,
+    mean_and_std,
+    parse_scenario,
+    plan_shed,
+    scenario_to_json,
+)
+from lbd.core.shedding.planner import PING_PONG_WINDOW_MS, estimate, planning_goal
+from lbd.core.tuning import MB, SheddingConfig
+
+NOW = 1_700_000_000_000
+CONFIG = SheddingConfig(target_std=0.1, hit_count_threshold=0)
+
+
+def bundle(broker: str, i: int) -> BundleId:
+    return BundleId(f"t/{broker}/0x{i:08x}_0x{i + 1:08x}")
+
+
+def data(
+    load: float, tput: float, *, at: int = NOW, raw_tput: float | None = None
+) -> BrokerLoadData:
+    """A broker's load data; ``raw_tput`` gives a latest raw sample differing from the EMA."""
+    usage = BrokerUsage()
+    if raw_tput is not None:
+        usage = BrokerUsage(msg_throughput_in=raw_tput / 2, msg_throughput_out=raw_tput / 2)
+    return BrokerLoadData(
+        broker=BrokerId("x"),
+        usage=usage,
+        weighted_max_ema=load,
+        msg_throughput_ema=tput,
+        updated_at_ms=at,
+    )
+
+
+def cluster(
+    spec: Mapping[str, Sequence[float]],
+    per_byte: Mapping[str, float] | None = None,
+    **kwargs: object,
+) -> LoadSnapshot:
+    """Brokers with bundles of the given throughputs (MB/s); a broker's load is its throughput
+    times its load per byte (1% per MB/s unless ``per_byte`` says otherwise)."""
+    brokers: dict[BrokerId, BrokerLoadData | None] = {}
+    tops: dict[BrokerId, tuple[BundleLoad, ...]] = {}
+    for name, sizes in spec.items():
+        tput = sum(sizes) * MB
+        k = (per_byte or {}).get(name, 0.01) / MB
+        brokers[BrokerId(name)] = data(tput * k, tput)
+        tops[BrokerId(name)] = tuple(
+            BundleLoad(bundle(name, i), s * MB / 2, s * MB / 2) for i, s in enumerate(sizes)
+        )
+    return LoadSnapshot(brokers=brokers, top_bundles=tops, **kwargs)  # type: ignore[arg-type]
+
+
+def shed(
+    snapshot: LoadSnapshot, config: SheddingConfig = CONFIG, state: ShedderState | None = None
+) -> tuple[list[tuple[BundleId, str, str | None]], SkipReason | None, ShedderState]:
+    result, next_state = plan_shed(snapshot, config, state or ShedderState(), NOW, random.Random(1))
+    moves = [(d.bundle, d.src, d.dst) for d in result.decisions]
+    return moves, result.skip_reason, next_state
+
+
+def test_a_balanced_cluster_moves_nothing() -> None:
+    moves, skip, state = shed(cluster({"a": [10, 20, 30], "b": [30, 30], "c": [20, 40]}))
+    assert moves == [] and skip is SkipReason.HIT_COUNT and state.hit_count == 0
+
+
+def test_an_imbalance_waits_out_the_hit_count_then_moves() -> None:
+    snapshot = cluster({"a": [20, 20, 20, 20], "b": [5, 5]})
+    config = SheddingConfig(target_std=0.1, hit_count_threshold=2)
+    state = ShedderState()
+    for expected_hits in (1, 2):
+        moves, skip, state = shed(snapshot, config, state)
+        assert (moves, skip, state.hit_count) == ([], SkipReason.HIT_COUNT, expected_hits)
+    moves, skip, state = shed(snapshot, config, state)
+    assert skip is None and moves and all(src == "a" and dst == "b" for _, src, dst in moves)
+
+
+def test_an_empty_broker_is_filled_without_waiting_for_the_hit_count() -> None:
+    snapshot = cluster({"a": [20, 20, 20, 20], "b": [20, 20, 20, 20], "new": []})
+    moves, skip, _ = shed(snapshot, SheddingConfig(target_std=0.1, hit_count_threshold=3))
+    assert skip is None
+    assert {dst for _, _, dst in moves} == {"new"}
+
+
+def test_a_moving_episode_goes_on_without_waiting_again() -> None:
+    config = SheddingConfig(target_std=0.1, hit_count_threshold=3, max_brokers_per_cycle=1)
+    snapshot = cluster({"a": [20] * 4, "b": [20] * 4, "c": [], "d": []})
+    first, _, state = shed(snapshot, config)
+    sources = {src for _, src, _ in first}
+    assert first and len(sources) == 1
+    other = ({"a", "b"} - sources).pop()
+    # The next cycle, nothing reported yet: the planner counts its own moves and takes the
+    # other source's turn.
+    owners = {b: BrokerId(dst) for b, _, dst in first if dst is not None}
+    second, skip, _ = shed(
+        LoadSnapshot(brokers=snapshot.brokers, top_bundles=snapshot.top_bundles, owners=owners),
+        config,
+        state,
+    )
+    assert skip is None and {src for _, src, _ in second} == {other}
+
+
+def test_a_carried_out_move_the_reports_do_not_show_yet_is_counted() -> None:
+    moved = bundle("a", 0)
+    snapshot = cluster(
+        {"a": [40, 40, 10], "b": [10]}, owners={moved: BrokerId("b")}
+    )  # reports from before the move: a still counts the bundle, b does not
+    past = PastMove(moved, BrokerId("a"), BrokerId("b"), 40 * MB, NOW)
+    moves, skip, _ = shed(snapshot, state=ShedderState(moves=(past,)))
+    assert moves == [] and skip is SkipReason.HIT_COUNT
+    # Without that memory the same snapshot looks imbalanced (what a lagging strategy sees).
+    assert shed(snapshot)[0]
+
+
+def test_a_move_that_was_not_carried_out_is_not_counted() -> None:
+    snapshot = cluster({"a": [40, 40], "b": [10]})
+    past = PastMove(bundle("a", 0), BrokerId("a"), BrokerId("b"), 40 * MB, NOW - 1)
+    est = estimate(snapshot, _loads(snapshot), ShedderState(moves=(past,)))
+    assert est is not None and est.loads == {"a": 0.8, "b": 0.1}
+    moved_since = PastMove(bundle("a", 0), BrokerId("a"), BrokerId("b"), 40 * MB, NOW - 1)
+    # A move older than both reports is in them already.
+    snapshot = cluster({"a": [40], "b": [10, 40]}, owners={bundle("a", 0): BrokerId("b")})
+    est = estimate(snapshot, _loads(snapshot), ShedderState(moves=(moved_since,)))
+    assert est is not None and est.loads == {"a": 0.4, "b": 0.5}
+
+
+def test_the_latest_raw_sample_corrects_the_lagging_average() -> None:
+    snapshot = LoadSnapshot(
+        brokers={
+            BrokerId("a"): data(0.8, 80 * MB, raw_tput=50 * MB),
+            BrokerId("b"): data(0.5, 50 * MB, raw_tput=50 * MB),
+        },
+        top_bundles={
+            BrokerId("a"): (BundleLoad(bundle("a", 0), 25 * MB, 25 * MB),),
+            BrokerId("b"): (BundleLoad(bundle("b", 0), 25 * MB, 25 * MB),),
+        },
+    )
+    est = estimate(snapshot, _loads(snapshot), ShedderState())
+    assert est is not None and math.isclose(est.loads[BrokerId("a")], 0.5)
+
+
+def test_brokers_of_different_sizes_end_equally_loaded() -> None:
+    # "small" pays 2% of load per MB/s, "big" 0.5%: 8 bundles of 5 MB/s put small at 0.8, big's
+    # 2 at 0.05. Six moves leave both at 0.2; converting with the source's ratio on both sides (as
+    # Pulsar's TransferShedder does) would stop at three, with small still at 0.5.
+    snapshot = cluster({"small": [5] * 8, "big": [5] * 2}, per_byte={"small": 0.02, "big": 0.005})
+    result, _ = plan_shed(snapshot, CONFIG, ShedderState(), NOW, random.Random(1))
+    assert len(result.decisions) == 6
+    est = estimate(snapshot, _loads(snapshot), ShedderState())
+    assert est is not None
+    throughput = {b.bundle: b.msg_throughput for top in snapshot.top_bundles.values() for b in top}
+    after = est.after(result.decisions, throughput)
+    assert math.isclose(after[BrokerId("small")], 0.2) and math.isclose(after[BrokerId("big")], 0.2)
+
+
+def test_a_bundle_does_not_go_back_to_a_broker_it_left_within_the_hour() -> None:
+    back = bundle("b", 0)  # the right size to balance a and b
+    snapshot = cluster({"a": [5], "b": [30, 40, 5]})
+    left_a = PastMove(
+        back, BrokerId("a"), BrokerId("b"), 40 * MB, NOW - PING_PONG_WINDOW_MS + 60_000
+    )
+    moves, _, _ = shed(snapshot, state=ShedderState(moves=(left_a,)))
+    assert moves and back not in [b for b, _, _ in moves]
+    long_ago = PastMove(back, BrokerId("a"), BrokerId("b"), 40 * MB, NOW - PING_PONG_WINDOW_MS)
+    moves, _, _ = shed(snapshot, state=ShedderState(moves=(long_ago,)))
+    assert back in [b for b, _, _ in moves]
+
+
+def test_placement_rules_bound_the_destinations() -> None:
+    snapshot = cluster(
+        {"a": [30, 30, 30], "b": [5], "c": [10]},
+        allowed_destinations={bundle("a", i): frozenset({BrokerId("c")}) for i in range(3)},
+    )
+    moves, skip, _ = shed(snapshot)
+    assert skip is None and any(src == "a" for _, src, _ in moves)
+    assert all(dst == "c" for _, src, dst in moves if src == "a")
+
+
+def test_grace_period_last_bundle_and_foreign_owner_are_respected() -> None:
+    a0, a1, a2 = (bundle("a", i) for i in range(3))
+    snapshot = cluster(
+        {"a": [30, 30, 30], "b": [1]},
+        recently_unloaded_bundles={a0: NOW - 1000},
+        owners={a1: BrokerId("elsewhere")},
+    )
+    # a0 is in its grace period and a1 is another broker's now: only a2 may go, as a keeps a0.
+    assert shed(snapshot)[0] == [(a2, "a", "b")]
+    # A broker's last bundle stays, however loaded.
+    assert shed(cluster({"a": [90], "b": [1]}))[1] is SkipReason.NO_BUNDLES
+
+
+def test_transfer_disabled_unloads_without_destination() -> None:
+    moves, _, _ = shed(
+        cluster({"a": [20] * 4, "b": [1]}),
+        SheddingConfig(target_std=0.1, hit_count_threshold=0, transfer_enabled=False),
+    )
+    assert moves and all(dst is None for _, _, dst in moves)
+
+
+def test_a_cooling_broker_does_not_stop_the_cycle() -> None:
+    snapshot = cluster(
+        {"a": [20] * 4, "b": [1], "c": [20] * 4},
+        recently_unloaded_brokers={BrokerId("c"): NOW - 10},
+    )
+    moves, skip, _ = shed(snapshot)
+    assert skip is None and moves
+
+
+def test_stale_and_missing_load_data_stop_the_cycle() -> None:
+    stale = LoadSnapshot(brokers={BrokerId("a"): data(0.9, MB, at=NOW - 3_600_000)})
+    assert shed(stale)[1] is SkipReason.OUT_DATED_DATA
+    missing = cluster({"a": [20] * 4, "b": [1]})
+    missing = LoadSnapshot(
+        brokers={**missing.brokers, BrokerId("new"): None}, top_bundles=missing.top_bundles
+    )
+    assert shed(missing)[1] is SkipReason.NO_LOAD_DATA
+
+
+def test_overloaded_sheds_even_under_the_target_std() -> None:
+    spec = {f"b{i}": [9, 9] for i in range(30)}
+    spec["hot"] = [20, 20, 20, 20, 10]  # at 0.9, std 0.13 under the target of 0.2
+    config = SheddingConfig(target_std=0.2, hit_count_threshold=0)
+    result, _ = plan_shed(cluster(spec), config, ShedderState(), NOW, random.Random(1))
+    hot = [d for d in result.decisions if d.src == "hot"]
+    assert result.decisions[0].src == "hot" and len(hot) >= 2
+    assert {d.reason for d in result.decisions} == {DecisionReason.OVERLOADED}
+    # Once acting, the cycle goes on towards the planning goal (as far as the cycle's three
+    # sources allow), not just under the overload.
+    est = estimate(cluster(spec), _loads(cluster(spec)), ShedderState())
+    assert est is not None
+    throughput = {b.bundle: b.msg_throughput for t in cluster(spec).top_bundles.values() for b in t}
+    after = est.after(result.decisions, throughput)
+    assert after[BrokerId("hot")] < config.overloaded_threshold
+    assert mean_and_std(after.values())[1] < planning_goal(config) * 1.1
+    assert len({d.src for d in result.decisions}) == config.max_brokers_per_cycle
+
+
+def _loads(snapshot: LoadSnapshot) -> dict[BrokerId, BrokerLoadData]:
+    return {b: d for b, d in snapshot.brokers.items() if d is not None}
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[LoadSnapshot, SheddingConfig]:
+    names = [BrokerId(f"b{i}") for i in range(draw(st.integers(2, 9)))]
+    brokers: dict[BrokerId, BrokerLoadData | None] = {}
+    tops: dict[BrokerId, tuple[BundleLoad, ...]] = {}
+    allowed: dict[BundleId, frozenset[BrokerId]] = {}
+    grace: dict[BundleId, int] = {}
+    for name in names:
+        sizes = draw(st.lists(st.floats(0.0, 50.0), min_size=0, max_size=6))
+        per_byte = draw(st.sampled_from([0.005, 0.01, 0.02]))
+        capacity = draw(st.sampled_from([0.0, 62.5, 125.0, 250.0]))
+        tput = sum(sizes) * MB
+        usage = BrokerUsage(
+            bandwidth_in=ResourceUsage(tput / 2 / MB, capacity),
+            bandwidth_out=ResourceUsage(tput / 2 / MB, capacity),
+            msg_throughput_in=tput / 2,
+            msg_throughput_out=tput / 2,
+        )
+        brokers[name] = BrokerLoadData(
+            broker=name,
+            usage=usage,
+            weighted_max_ema=tput * per_byte / MB,
+            msg_throughput_ema=tput,
+            updated_at_ms=NOW,
+        )
+        loads = []
+        for i, size in enumerate(sizes):
+            b = bundle(name, i)
+            loads.append(BundleLoad(b, size * MB / 2, size * MB / 2))
+            if draw(st.booleans()):
+                allowed[b] = frozenset(draw(st.sets(st.sampled_from(names), max_size=3)))
+            if draw(st.integers(0, 5)) == 0:
+                grace[b] = NOW - 1000
+        tops[name] = tuple(loads)
+    config = SheddingConfig(
+        target_std=draw(st.sampled_from([0.02, 0.1, 0.25])),
+        hit_count_threshold=0,
+        max_brokers_per_cycle=draw(st.integers(1, 3)),
+        max_moves_per_broker=draw(st.integers(1, 4)),
+    )
+    snapshot = LoadSnapshot(
+        brokers=brokers,
+        top_bundles=tops,
+        allowed_destinations=allowed,
+        recently_unloaded_bundles=grace,
+    )
+    return snapshot, config
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.integers(0, 2**32))
+def test_every_plan_keeps_the_rules_and_lowers_the_projected_std(
+    case: tuple[LoadSnapshot, SheddingConfig], seed: int
+) -> None:
+    snapshot, config = case
+    result, _ = plan_shed(snapshot, config, ShedderState(), NOW, random.Random(seed))
+    decisions = result.decisions
+    throughput = {b.bundle: b.msg_throughput for top in snapshot.top_bundles.values() for b in top}
+    # Never to a forbidden broker, never a bundle in its grace period, never twice.
+    assert all(snapshot.may_move_to(d.bundle, d.dst) for d in decisions if d.dst is not None)
+    assert not any(d.bundle in snapshot.recently_unloaded_bundles for d in decisions)
+    assert len({d.bundle for d in decisions}) == len(decisions)
+    # The per-cycle limits, and every broker keeps a bundle.
+    assert len({d.src for d in decisions}) <= config.max_brokers_per_cycle
+    per_broker = Counter([d.src for d in decisions] + [d.dst for d in decisions if d.dst])
+    assert all(n <= config.max_moves_per_broker for n in per_broker.values())
+    gave = Counter(d.src for d in decisions)
+    got = Counter(d.dst for d in decisions if d.dst is not None)
+    assert all(len(snapshot.top_bundles[b]) - gave[b] + got[b] >= 1 for b in gave)
+    # Each move lowers the projected std.
+    est = estimate(snapshot, _loads(snapshot), ShedderState())
+    if est is None:
+        assert not decisions
+        return
+    std = mean_and_std(est.loads.values())[1]
+    for i in range(1, len(decisions) + 1):
+        after = mean_and_std(est.after(decisions[:i], throughput).values())[1]
+        assert after < std + 1e-12
+        std = after
+
+
+def test_scenario_files_carry_the_placement_rules() -> None:
+    snapshot = cluster(
+        {"a": [30, 30, 30], "b": [5], "c": [10]},
+        allowed_destinations={bundle("a", 0): frozenset({BrokerId("c")})},
+    )
+    doc = scenario_to_json(Scenario(snapshot=snapshot, now_ms=NOW, config=CONFIG))
+    assert doc["allowed_destinations"] == {bundle("a", 0): ["c"]}
+    assert parse_scenario(doc).snapshot.allowed_destinations == snapshot.allowed_destinations
+    with pytest.raises(InvalidInputError, match=r'allowed_destinations\["x"\]: expected an array'):
+        parse_scenario({**doc, "allowed_destinations": {"x": "c"}})
