@@ -326,60 +326,41 @@ def test_serialised_null_broker_and_recent_unloads_survive() -> None:
 
 # -- Pulsar's TransferShedderTest scenarios, through `lbd shed` -------------------------------
 
-
-def _pulsar_cases() -> dict[str, tuple[object, set[tuple[str, str, str | None, str]]]]:
-    from test_transfer_shedder import (
-        B1,
-        B2,
-        B4,
-        B5,
-        BASE,
-        D1,
-        E1,
-        SETUP_MOVES,
-        broker,
-        setup_snapshot,
-        two_brokers,
-        with_brokers,
-    )
-
-    from lbd.core.shedding import Scenario
-
-    small = with_brokers(
-        setup_snapshot(), broker4=broker(0.55, 8e6 + 1), broker5=broker(0.65, 9e6 + 1)
-    )
-    underloaded = with_brokers(
-        setup_snapshot(),
-        broker2=broker(0.04, 10),
-        broker4=broker(0.55, 8e6 + 1),
-        broker5=broker(0.65, 9e6 + 1),
-    )
-    swap = two_brokers(0.48, [2.4e6, 2.4e6], 1.00, [5e6, 5e6])
-    a1, b1 = (b.bundle for b in (swap.top_bundles[B1][0], swap.top_bundles[B2][0]))
-
-    def case(snapshot: object, expected: set[tuple[str, str, str | None, str]]) -> tuple:
-        doc = scenario_to_json(Scenario(snapshot=snapshot, now_ms=1_700_000_000_000, config=BASE))  # type: ignore[arg-type]
-        # A new user's settings: the default min_throughput_threshold, which Pulsar's
-        # TransferShedder does not read.
-        doc["config"]["min_throughput_threshold"] = 10.0  # type: ignore[index]
-        return doc, expected
-
-    return {
-        "setup": case(setup_snapshot(), {(b, s, d, r.value) for b, s, d, r in SETUP_MOVES}),
-        "small-throughput": case(small, {(E1, B5, B1, "Overloaded")}),
-        "underloaded": case(underloaded, {(E1, B5, B1, "Overloaded"), (D1, B4, B2, "Underloaded")}),
-        "swap": case(swap, {(a1, B1, B2, "Overloaded"), (b1, B2, B1, "Overloaded")}),
-    }
+PULSAR = EXAMPLES / "pulsar-transfer-shedder"
+PULSAR_SCENARIOS = sorted(
+    p.name.removesuffix(".expected.json") for p in PULSAR.glob("*.expected.json")
+)
 
 
-@pytest.mark.parametrize("name", ["setup", "small-throughput", "underloaded", "swap"])
-def test_lbd_shed_reproduces_pulsar_transfer_shedder_scenarios(
-    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+def test_every_pulsar_scenario_has_its_expected_output() -> None:
+    scenarios = {p.stem for p in PULSAR.glob("*.json") if not p.name.endswith(".expected.json")}
+    assert scenarios == set(PULSAR_SCENARIOS)
+    assert len(PULSAR_SCENARIOS) >= 30
+
+
+@pytest.mark.parametrize("name", PULSAR_SCENARIOS)
+def test_lbd_shed_reproduces_pulsar_transfer_shedder_test(
+    name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc, expected = _pulsar_cases()[name]
-    args = ("--scenario", write(tmp_path, doc), "--strategy", "transfer_shedder")
-    code, [line], _ = run(capsys, *args)
-    assert code == 0
-    decisions = line["decisions"]
-    assert isinstance(decisions, list)
-    assert {(d["bundle"], d["src"], d["dst"], d["reason"]) for d in decisions} == expected
+    expected = json.loads((PULSAR / f"{name}.expected.json").read_text())
+    seed = str(expected.get("seed", 0))
+    args = ("--scenario", str(PULSAR / f"{name}.json"), "--strategy", "transfer_shedder")
+    code, lines, err = run(capsys, *args, "--seed", seed)
+    assert (code, err) == (0, "")
+    assert [line["cycle"] for line in lines] == list(range(1, len(expected["cycles"]) + 1))
+    for line, want in zip(lines, expected["cycles"], strict=True):
+        decisions = line["decisions"]
+        assert isinstance(decisions, list)
+        got = sorted((d["bundle"], d["src"], d["dst"], d["reason"]) for d in decisions)
+        assert got == sorted(tuple(d) for d in want["decisions"])  # Pulsar returns a set
+        assert line["skip_reason"] == want["skip_reason"]
+        for key in ("avg", "std"):  # only where Pulsar's test checks them
+            if key in want:
+                # Pulsar's figures carry its float CPU usage's rounding (testTargetStd).
+                assert line[key] == pytest.approx(want[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("name", PULSAR_SCENARIOS)
+def test_pulsar_scenarios_round_trip_through_json(name: str) -> None:
+    scenario = parse_scenario(json.loads((PULSAR / f"{name}.json").read_text()))
+    assert parse_scenario(json.loads(json.dumps(scenario_to_json(scenario)))) == scenario

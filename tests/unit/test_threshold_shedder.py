@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
 from lbd.core.shedding import (
     DecisionReason,
     LoadSnapshot,
@@ -110,6 +110,34 @@ def test_min_throughput_threshold_skips_small_sheds() -> None:
     ).decisions
     skipped = shed(cluster(LOADS, TPUTS), replace(BASE, min_throughput_threshold=planned + 1))
     assert skipped.skip_reason is SkipReason.NO_BUNDLES
+
+
+def test_min_throughput_threshold_weighs_the_latest_throughput_in_mib() -> None:
+    # As Pulsar's ThresholdShedder: the planned offload is the broker's latest throughput in plus
+    # out (not its EMA) times the share to shed, compared with the threshold in MiB/s.
+    snap = cluster(LOADS, TPUTS)
+    b4 = snap.brokers[B4]
+    assert b4 is not None
+    latest = replace(b4, usage=BrokerUsage(msg_throughput_in=5e6, msg_throughput_out=5e6))
+    quiet = replace(snap, brokers={**snap.brokers, B4: latest})
+    planned = 0.4 * 10e6 / MB  # 3.8 MiB/s, where the EMA (100 MB/s) would plan 38 MiB/s
+    config = replace(BASE, min_throughput_threshold=planned + 0.01)
+    assert shed(quiet, config).skip_reason is SkipReason.NO_BUNDLES
+    assert shed(quiet, replace(config, min_throughput_threshold=planned - 0.01)).decisions
+    # The unit is Pulsar's MB, 2^20 bytes: 4 MB/s is over the planned 4,000,000 bytes/s.
+    assert shed(quiet, replace(BASE, min_throughput_threshold=4.0)).skip_reason is (
+        SkipReason.NO_BUNDLES
+    )
+    assert shed(quiet, replace(BASE, min_throughput_threshold=3.81)).decisions
+
+
+def test_min_throughput_threshold_applies_to_lower_boundary_shedding() -> None:
+    # b3 would shed 10 % x 0.5 of its 20 MB/s: 1 MB/s, 0.95 MiB/s.
+    config = replace(BASE, lower_boundary_shedding_enabled=True)
+    snap = cluster(LOW, TPUTS)
+    assert shed(snap, replace(config, min_throughput_threshold=0.9)).decisions
+    result = shed(snap, replace(config, min_throughput_threshold=1.0))
+    assert result.skip_reason is SkipReason.NO_BUNDLES
 
 
 def test_no_broker_over_the_threshold_is_skipped_with_hit_count() -> None:

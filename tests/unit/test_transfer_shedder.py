@@ -3,8 +3,20 @@ properties over generated snapshots.
 
 The base cluster is Pulsar's test set-up: five brokers at 2, 4, 6, 80 and 90 % load, each with two
 bundles; a broker's throughput is the sum of its bundles' (plus the 1 byte/s "in" Pulsar's test
-reports). Unless a test says otherwise the hit-count threshold sheds on the first cycle and the
-minimum throughput is 0, as in Pulsar's test context.
+reports). Unless a test says otherwise the hit-count threshold sheds on the first cycle, as in
+Pulsar's test context; ``min_throughput_threshold`` is left at its default (10 MB/s), which the
+TransferShedder does not read.
+
+Every test method of Pulsar's ``TransferShedderTest`` that decides something is also a scenario
+file that ``lbd shed`` runs (``examples/scenarios/pulsar-transfer-shedder/``, checked by
+``tests/unit/test_shed_cli.py``). Not ported: ``testGetAvailableBrokersFailed`` (the registry is
+the leader's: ``lbd.services.leader.shedding`` skips the cycle in safe mode and counts a failing
+strategy as Failure/Unknown), ``testFilterHasException`` (the leader evaluates the placement rules;
+a bundle it allows no broker for is ``anti-affinity-no-candidates``) and
+``testIsLoadBalancerSheddingBundlesWithPoliciesEnabled`` (lbd has no such switch: it always sheds
+bundles with policies, within what they allow; see the module docstring of
+:mod:`lbd.core.shedding.transfer`). ``testRandomLoad``, ``testRandomLoadStats`` and the
+high/low-variance ``LoadStats`` tests are ported below.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from lbd.core.tuning import SheddingConfig
 NOW = 1_700_000_000_000
 OVERLOADED = DecisionReason.OVERLOADED
 UNDERLOADED = DecisionReason.UNDERLOADED
-BASE = SheddingConfig(hit_count_threshold=0, min_throughput_threshold=0)
+BASE = SheddingConfig(hit_count_threshold=0)
 
 B1, B2, B3, B4, B5 = (BrokerId(f"broker{i}:8080") for i in range(1, 6))
 
@@ -119,6 +131,9 @@ SETUP_MOVES = {(E1, B5, B1, OVERLOADED), (D1, B4, B2, OVERLOADED)}
 
 def test_no_brokers_is_skipped_with_no_brokers() -> None:
     result, _ = shed(LoadSnapshot(brokers={}))
+    assert result == SheddingResult((), SkipReason.NO_BROKERS, 0.0, 0.0)
+    # Pulsar's testEmptyBrokerLoadData: five registered brokers, none has reported load.
+    result, _ = shed(LoadSnapshot(brokers=dict.fromkeys((B1, B2, B3, B4, B5))))
     assert result == SheddingResult((), SkipReason.NO_BROKERS, 0.0, 0.0)
 
 
@@ -223,6 +238,7 @@ def test_a_sole_bundle_is_never_moved() -> None:
 
 
 def test_bundles_without_throughput_are_not_moved() -> None:
+    # Pulsar's testZeroBundleThroughput.
     snap = setup_snapshot()
     idle = {
         b: tuple(replace(x, msg_throughput_out=0.0) for x in v) for b, v in snap.top_bundles.items()
@@ -286,9 +302,44 @@ def test_a_cpu_bound_broker_with_little_traffic_sheds() -> None:
 
 def test_a_broker_whose_report_predates_a_move_keeps_its_last_bundle() -> None:
     # broker5 still reports E1 and E2, but E1 has moved to broker3 since: E2 is its last bundle.
-    # Pulsar counts the report's two bundles and would unload E2, leaving broker5 empty.
-    result, _ = shed(setup_snapshot(owners={E1: B3}))
+    # Pulsar counts the report's two bundles and unloads E2 (it fits the target), leaving
+    # broker5 without a bundle.
+    top = dict(setup_snapshot().top_bundles)
+    top[B5] = namespace_bundles("my-namespaceE", 2e6, 3e6)
+    result, _ = shed(setup_snapshot(top_bundles=top, owners={E1: B3}))
     assert not any(d.src == B5 for d in result.decisions)
+    assert (D1, B4, B1, OVERLOADED) in moves(result)
+    # Without the move, E1 goes as in the set-up.
+    assert (E1, B5, B1, OVERLOADED) in moves(shed(setup_snapshot(top_bundles=top))[0])
+
+
+def test_bundles_are_tried_by_total_throughput_smallest_first() -> None:
+    # broker2's bundles: X 5 MB/s in, Y 20 MB/s out, W 35 MB/s out; the pair's target is
+    # 17.4 MB/s. Pulsar's report lists them by throughput in first (Y, W, X): Y overshoots, no
+    # swap balances, and Pulsar stops with NoBundles although X fits.
+    x = BundleLoad(bundle=BundleId("t/hot/0x0_0x1"), msg_throughput_in=5e6)
+    y = BundleLoad(bundle=BundleId("t/hot/0x1_0x2"), msg_throughput_out=20e6)
+    w = BundleLoad(bundle=BundleId("t/hot/0x2_0x3"), msg_throughput_out=35e6)
+    snap = LoadSnapshot(
+        brokers={B1: broker(0.40, 20e6), B2: broker(0.95, 60e6)},
+        top_bundles={B1: namespace_bundles("my-namespaceA", 10e6, 10e6), B2: (y, w, x)},
+    )
+    result, _ = shed(snap)
+    assert moves(result) == {(x.bundle, B2, B1, OVERLOADED)}
+
+
+def test_a_source_broker_at_zero_load_moves_nothing() -> None:
+    # Every load is 0 but broker1 carries almost no traffic: it is underloaded. Pulsar's target
+    # divides by broker2's zero load; the NaN lets every bundle of broker2 but one go.
+    snap = LoadSnapshot(
+        brokers={B1: broker(0.0, 1e3), B2: broker(0.0, 30e6)},
+        top_bundles={
+            B1: namespace_bundles("my-namespaceA", 1e3),
+            B2: namespace_bundles("my-namespaceB", 10e6, 10e6, 10e6),
+        },
+    )
+    result, _ = shed(snap)
+    assert result.skip_reason is SkipReason.NO_BUNDLES
 
 
 # -- target std, underloaded and overloaded --------------------------------------------------
@@ -490,11 +541,38 @@ def test_no_swap_when_transfer_is_disabled() -> None:
     assert result.skip_reason is SkipReason.NO_BUNDLES
 
 
+def test_a_policy_bound_bundle_moves_to_a_broker_its_policy_allows() -> None:
+    # E1 and D1 are bound by policies that allow their destinations: they move as in the set-up
+    # (Pulsar's default would shed neither).
+    allowed = {E1: frozenset({B1}), D1: frozenset({B2, B3})}
+    result, _ = shed(setup_snapshot(allowed_destinations=allowed))
+    assert moves(result) == SETUP_MOVES
+    # E1 may not go to broker1, its pair's destination: it stays.
+    result, _ = shed(setup_snapshot(allowed_destinations={E1: frozenset({B3})}))
+    assert E1 not in {d.bundle for d in result.decisions}
+    # With transfer off too, as Pulsar's isTransferable: the pair's destination must be allowed,
+    # although the next lookup places the bundle (Pulsar's testBundlesWithIsolationPolicies).
+    off = replace(BASE, transfer_enabled=False)
+    for allowed_brokers in ({B5}, {B3, B5}):
+        rules = dict.fromkeys((E1, E2), frozenset(allowed_brokers))
+        result, _ = shed(setup_snapshot(allowed_destinations=rules), off)
+        assert moves(result) == {(D1, B4, None, OVERLOADED)}
+    assert any(d.src == B5 for d in shed(setup_snapshot(), off)[0].decisions)
+
+
 def test_a_swap_never_sends_back_a_bundle_in_its_grace_period() -> None:
     # broker1's bundles just arrived there: Pulsar's swap would send one straight back.
     snap = two_brokers(0.48, [2.4e6, 2.4e6], 1.00, [5e6, 5e6])
     in_grace = replace(snap, recently_unloaded_bundles=dict.fromkeys([A1, A2], NOW))
     assert shed(in_grace)[0].skip_reason is SkipReason.NO_BUNDLES
+
+
+def test_a_swap_never_gives_back_a_bundle_the_destination_no_longer_owns() -> None:
+    # broker1 still reports A1 and A2, but the channel says broker3 holds them now: Pulsar's
+    # swap would transfer A1 from broker1, which does not hold it.
+    snap = two_brokers(0.48, [2.4e6, 2.4e6], 1.00, [5e6, 5e6])
+    result, _ = shed(replace(snap, owners={A1: B3, A2: B3}))
+    assert result.skip_reason is SkipReason.NO_BUNDLES
 
 
 def test_a_swap_may_take_the_destination_s_only_bundle() -> None:
@@ -587,18 +665,104 @@ def test_a_skewed_100_broker_cluster_pairs_max_with_min_and_gets_closer() -> Non
 
 
 def std_after(snap: LoadSnapshot, result: SheddingResult) -> float:
-    """The load std once the decisions are applied, each bundle carrying load in proportion to
-    its share of its source broker's throughput."""
+    """The load std once the decisions are applied, as Pulsar's ``LoadStats.offload`` projects
+    it: each pair's net traffic (what the more loaded broker gives minus what a swap gives it
+    back) carries load in proportion to that broker's load per byte/s."""
     loads = {b: d.weighted_max_ema for b, d in snap.brokers.items() if d}
+    net: dict[tuple[BrokerId, BrokerId], float] = {}
     for d in result.decisions:
         assert d.dst is not None
-        src = snap.brokers[d.src]
-        assert src is not None
         tput = {b.bundle: b.msg_throughput for b in snap.top_bundles[d.src]}[d.bundle]
-        moved = tput * src.weighted_max_ema / src.msg_throughput_ema
-        loads[d.src] -= moved
-        loads[d.dst] += moved
+        src, dst = (d.src, d.dst) if loads[d.src] >= loads[d.dst] else (d.dst, d.src)
+        net[src, dst] = net.get((src, dst), 0.0) + (tput if d.src == src else -tput)
+    for (src, dst), tput in net.items():
+        data = snap.brokers[src]
+        assert data is not None
+        moved = tput * data.weighted_max_ema / data.msg_throughput_ema
+        loads[src] -= moved
+        loads[dst] += moved
     return mean_and_std(loads.values())[1]
+
+
+# -- Pulsar's LoadStats ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("snap", "projected"),
+    [
+        # testUnloadBundlesGreaterThanTargetThroughput: a swap of 3 bundles against 4.
+        (
+            two_brokers(0.1, [1e6, 2e6, 3e6, 4e6, 5e6], 10.0, [100e6, 180e6, 220e6, 250e6, 250e6]),
+            0.050000004900021836,
+        ),
+        # testUnloadBundlesLessThanTargetThroughputAfterSplit
+        (two_brokers(0.1, [1e6, 2e6, 3e6, 4e6, 5e6], 10.0, [490e6, 510e6]), 0.050000004900021836),
+        # testLoadMoreThan100
+        (
+            with_brokers(
+                setup_snapshot(), broker4=broker(2.0, 8e6 + 1), broker5=broker(10.0, 9e6 + 1)
+            ),
+            2.781643776903451,
+        ),
+    ],
+)
+def test_the_projected_std_after_a_cycle_is_pulsar_s(snap: LoadSnapshot, projected: float) -> None:
+    result, _ = shed(snap)
+    assert std_after(snap, result) == pytest.approx(projected, rel=1e-9)
+
+
+def test_a_swap_that_evens_out_a_pair_projects_a_std_of_zero() -> None:
+    # testUnloadBundlesGreaterThanTargetThroughputAfterSplit: Pulsar projects 2.58e-8.
+    snap = two_brokers(0.48, [2.4e6, 2.4e6], 1.00, [5e6, 5e6])
+    assert std_after(snap, shed(snap)[0]) == pytest.approx(0, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("percent", "avg", "std"),
+    [
+        ([1] + [100] * 16, 0.9417647058823528, 0.23294117647058868),  # testHighVarianceLoadStats
+        (list(range(390, 400)), 3.9449999999999994, 0.028722813232795824),  # testLowVariance...
+    ],
+)
+def test_load_stats_of_pulsar_s_high_and_low_variance_clusters(
+    percent: list[int], avg: float, std: float
+) -> None:
+    snap = LoadSnapshot(
+        brokers={BrokerId(f"broker{i}:8080"): broker(p / 100, 1e6) for i, p in enumerate(percent)}
+    )
+    result, _ = shed(snap)
+    assert (result.avg, result.std) == (pytest.approx(avg), pytest.approx(std))
+
+
+@st.composite
+def pulsar_random_clusters(draw: st.DrawFn) -> LoadSnapshot:
+    """Pulsar's ``setupContext(10)``: loads of 0 to 999 %, two bundles per broker splitting its
+    load figure in bytes/s."""
+    loads = draw(st.lists(st.integers(0, 999), min_size=10, max_size=10))
+    top: dict[BrokerId, tuple[BundleLoad, ...]] = {}
+    brokers: dict[BrokerId, BrokerLoadData | None] = {}
+    for i, load in enumerate(loads):
+        b = BrokerId(f"broker{i}:8080")
+        first = draw(st.integers(0, load))
+        top[b] = namespace_bundles(f"my-namespace{i}", first, load - first)
+        brokers[b] = broker(load / 100, load + 1)
+    return LoadSnapshot(brokers=brokers, top_bundles=top)
+
+
+@settings(max_examples=200, deadline=None)
+@given(snap=pulsar_random_clusters(), seed=st.integers(0, 3))
+def test_random_loads_never_end_a_cycle_less_balanced(snap: LoadSnapshot, seed: int) -> None:
+    # Pulsar's testRandomLoad asserts the loop's exit condition (std within target, or no pair
+    # left); here: each pair's more loaded broker gives, each pair gets closer, so the cycle never
+    # raises the projected std, and the pairs stay within max_brokers_per_cycle.
+    result, _ = shed(snap, seed=seed)
+    assert std_after(snap, result) <= result.std + 1e-12
+    load = {b: d.weighted_max_ema for b, d in snap.brokers.items() if d}
+    pairs = {frozenset((d.src, d.dst)) for d in result.decisions if d.dst}
+    assert len(pairs) <= BASE.max_brokers_per_cycle
+    for pair in pairs:
+        givers = {d.src for d in result.decisions if {d.src, d.dst} == pair}
+        assert any(load[g] >= load[other] for g in givers for other in pair - {g})
 
 
 # -- properties ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``transfer_shedder``: Pulsar's TransferShedder, the default shedding strategy.
+"""``transfer_shedder``: Pulsar's TransferShedder, the default of Pulsar's extensible load manager.
 
 Goal: bring the standard deviation of broker loads (``weighted_max_ema``) under ``target_std`` by
 moving bundles from the most loaded brokers to the least loaded ones, a pair at a time.
@@ -17,33 +17,56 @@ One cycle:
    has an underloaded or overloaded member. Each pair moves about half its load difference: the load
    to move is converted into bytes/s with the source broker's load and latest throughput (Pulsar's
    ``msgThroughputIn + msgThroughputOut``, the time base of the top-bundles report).
-4. The source's bundles are taken smallest first (Pulsar's top-bundles report order) until the next
-   one would overshoot. When transfer is on, an overshooting bundle may still go if the destination
-   gives some of its own small bundles back (a *swap*) so that both end up below the source's
-   current throughput, the destination no busier than the source, and the source under 75% of it.
-5. Never moved: a bundle another broker owns, one in its grace period, a broker's last bundle,
-   one the placement rules (isolation, anti-affinity: ``LoadSnapshot.allowed_destinations``) keep
-   off the destination (off every other broker, for a plain unload). Like Pulsar's, this
-   strategy does not read ``min_throughput_threshold`` (only ``threshold_shedder`` does): a
-   CPU-bound broker with little traffic sheds too.
+4. The source's bundles are taken smallest first until the next one would overshoot. When transfer
+   is on, an overshooting bundle may still go if the destination gives some of its own small
+   bundles back (a *swap*) so that both end up below the source's current throughput, the
+   destination no busier than the source, and the source under 75% of it.
+5. Never moved: a bundle another broker owns, one in its grace period, one without traffic, a
+   broker's last bundle, one the placement rules (isolation, anti-affinity:
+   ``LoadSnapshot.allowed_destinations``) keep off the pair's destination (for a plain unload too,
+   as Pulsar's ``isTransferable``). Like Pulsar's, this strategy does not read
+   ``min_throughput_threshold`` (only ``threshold_shedder`` does): a CPU-bound broker with little
+   traffic sheds too, and small bundles move.
 
-Where this differs from Pulsar's code, each with the test whose scenario shows Pulsar wrong there:
+Pulsar's ``TransferShedderTest`` scenarios are ported twice: as scenario files that ``lbd shed``
+runs (``examples/scenarios/pulsar-transfer-shedder/``, each with the output Pulsar's test asserts)
+and in ``tests/unit/test_transfer_shedder.py``. Where this differs from Pulsar's code, each with the
+test whose scenario shows Pulsar wrong there:
 
 - the traffic a swap gains back is always counted (Pulsar counts it only when
   ``loadBalancerDebugModeEnabled`` is on, so its decisions change with the log level):
   ``test_a_swap_counts_what_it_gains_whatever_the_log_level``;
-- a swap gives back no bundle in its grace period (Pulsar's would send a bundle straight back to
-  the broker it just left): ``test_a_swap_never_sends_back_a_bundle_in_its_grace_period``;
-- a bundle with no traffic is not moved (Pulsar's moves it: it changes no load but disturbs its
-  clients and uses up a transfer): ``test_bundles_without_throughput_are_not_moved``;
-- a broker's last bundle is counted from the channel's table as well as from its report (Pulsar
-  counts its report only, so a broker whose report predates a move can lose its last bundle):
-  ``test_a_broker_whose_report_predates_a_move_keeps_its_last_bundle``;
-- equally loaded brokers are ordered by the given ``random.Random`` rather than by hash-map order.
+- a swap gives back neither a bundle in its grace period (Pulsar's would send a bundle straight
+  back to the broker it just left) nor one the destination's report lists but the channel says it
+  no longer owns (Pulsar's would transfer a bundle from a broker that does not hold it):
+  ``test_a_swap_never_sends_back_a_bundle_in_its_grace_period``,
+  ``test_a_swap_never_gives_back_a_bundle_the_destination_no_longer_owns``;
+- a broker's bundles are counted from the channel's table as well as from its report (Pulsar
+  counts its report only, so a broker whose report predates a move can lose its last bundle, and
+  one that gained a bundle since is wrongly held to its sole bundle):
+  ``test_a_broker_whose_report_predates_a_move_keeps_its_last_bundle``,
+  ``test_bundles_the_channel_gives_a_broker_count_towards_what_it_keeps``;
+- a broker whose load data is older than ``load_data_ttl_s`` is left out of the pairs, not only
+  out of the statistics (Pulsar still pairs it, so bundles go to a broker whose load it does not
+  know): ``test_a_stale_broker_is_left_out_of_the_statistics_and_the_pairs``;
+- bundles are taken by their throughput in plus out, smallest first (Pulsar takes them in its
+  report's order, which compares throughput in before throughput out, so a large outbound bundle
+  listed first stops the pair while a smaller one would fit):
+  ``test_bundles_are_tried_by_total_throughput_smallest_first``;
+- a source broker at zero load or zero throughput moves nothing (Pulsar divides by its zero load;
+  the NaN target lets every bundle but one go):
+  ``test_a_source_broker_at_zero_load_moves_nothing``;
+- a bundle whose namespace has an isolation or anti-affinity policy moves, to a broker the policy
+  allows (Pulsar's default, ``loadBalancerSheddingBundlesWithPoliciesEnabled=false``, never sheds
+  it, so the brokers of an isolated namespace are never balanced):
+  ``test_a_policy_bound_bundle_moves_to_a_broker_its_policy_allows``;
+- equally loaded brokers are ordered by the given ``random.Random``, equally loaded bundles by
+  name (Pulsar's order there is its hash maps' iteration order, which it does not define).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 
@@ -58,7 +81,6 @@ from lbd.core.shedding.model import (
     UnloadDecision,
     UsableLoad,
     current_throughput,
-    mean_and_std,
     usable_load,
 )
 from lbd.core.tuning import SheddingConfig
@@ -137,7 +159,10 @@ class _Cycle:
         return load > self.config.overloaded_threshold and load > self.avg + self.config.target_std
 
     def _projected_std(self) -> float:
-        return mean_and_std(self.projected.values())[1]
+        # Pulsar's LoadStats.offload: the mean stays the cycle's average even where a source's
+        # projected load is clipped at 0.
+        squares = math.fsum(load * load for load in self.projected.values())
+        return math.sqrt(abs(squares / len(self.projected) - self.avg * self.avg))
 
     def condition_holds(self) -> bool:
         """The shedding condition that the hit count counts."""
@@ -184,18 +209,10 @@ class _Cycle:
             self.snapshot.owner_of(bundle.bundle, holder) == holder
             and not self.snapshot.in_grace_period(bundle.bundle, self.config, self.now_ms)
             and bundle.msg_throughput > 0
-            and self._transferable(bundle, holder, to)
+            # As Pulsar's isTransferable, for a plain unload too: the pair's destination must be
+            # allowed, although the next lookup may place the bundle elsewhere.
+            and self.snapshot.may_move_to(bundle.bundle, to)
         )
-
-    def _transferable(self, bundle: BundleLoad, holder: BrokerId, to: BrokerId) -> bool:
-        """Whether the placement rules let the bundle go to ``to`` (a transfer), or anywhere but
-        its holder (a plain unload), as Pulsar's ``isTransferable``."""
-        allowed = self.snapshot.allowed_destinations.get(bundle.bundle)
-        if allowed is None:
-            return True
-        if self.config.transfer_enabled:
-            return to in allowed
-        return bool(allowed - {holder})
 
     def _smallest_first(self, broker: BrokerId) -> list[BundleLoad]:
         reported = self.snapshot.top_bundles.get(broker, ())
@@ -212,7 +229,8 @@ class _Cycle:
         if src_load <= 0 or src_tput <= 0:
             self.brokers_without_movable_bundles += 1
             return False
-        target = src_tput * (src_load - self.data[dst].weighted_max_ema) / 2 / src_load
+        offload = (src_load - self.data[dst].weighted_max_ema) / 2
+        target = src_tput * offload / src_load
 
         transfer = self.config.transfer_enabled
         swap_pool = iter([b for b in self._smallest_first(dst) if self._movable(b, dst, src)])
