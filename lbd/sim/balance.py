@@ -139,7 +139,8 @@ class BalanceSim:
         self.now_ms = 1_700_000_000_000
         self._start_ms = self.now_ms
         self._move_log: list[tuple[int, str, str | None, str | None]] = []
-        self._awaiting: dict[BundleId, BrokerId] = {}
+        self._awaiting: set[BundleId] = set()
+        """Bundles unloaded without a destination, whose placement is the arrival of a move."""
         self.moves = 0
         self.moved_bytes = 0.0
         self.max_moves_per_broker = 0
@@ -205,9 +206,9 @@ class BalanceSim:
                 continue
             self.owners[bundle] = selection.broker
             if bundle in self._awaiting:
-                src = self._awaiting.pop(bundle)
+                self._awaiting.remove(bundle)
                 self._move_log.append((self.now_ms, bundle, None, selection.broker))
-                self._count_moves({src: 0, selection.broker: 1})
+                self._count_moves({selection.broker: 1})
 
     def _report(self) -> None:
         owned: dict[BrokerId, list[BundleId]] = {b: [] for b in self.capacity}
@@ -259,7 +260,7 @@ class BalanceSim:
             self._move_log.append((self.now_ms, d.bundle, d.src, None))
             if d.dst is None or d.dst not in self.capacity:
                 del self.owners[d.bundle]
-                self._awaiting[d.bundle] = d.src
+                self._awaiting.add(d.bundle)
             else:
                 self.owners[d.bundle] = d.dst
                 per_broker[d.dst] = per_broker.get(d.dst, 0) + 1

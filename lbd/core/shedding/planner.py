@@ -62,6 +62,7 @@ from lbd.core.shedding.model import (
     SkipReason,
     UnloadDecision,
     current_throughput,
+    mean_and_std,
     usable_load,
 )
 from lbd.core.tuning import SheddingConfig
@@ -224,7 +225,6 @@ class _Plan:
         self.config = config
         self.per_byte = est.per_byte
         self.projected = dict(est.loads)
-        self.avg = math.fsum(self.projected.values()) / len(self.projected)
         ids = sorted(self.projected)
         rng.shuffle(ids)  # ties between equally loaded brokers go by the seeded shuffle
         self.order = ids
@@ -256,18 +256,14 @@ class _Plan:
 
     # -- conditions ----------------------------------------------------------------------------
 
-    def _std(self) -> float:
-        n = len(self.projected)
-        mean = math.fsum(self.projected.values()) / n
-        return math.sqrt(math.fsum((v - mean) ** 2 for v in self.projected.values()) / n)
-
     def imbalanced(self, goal: float | None = None) -> bool:
         """Whether the projected std is over ``goal`` (the target by default)."""
-        return self._std() > (self.config.target_std if goal is None else goal)
+        std = mean_and_std(self.projected.values())[1]
+        return std > (self.config.target_std if goal is None else goal)
 
     def overloaded(self) -> set[BrokerId]:
         """Brokers at or over the overloaded threshold and over avg + target."""
-        avg = math.fsum(self.projected.values()) / len(self.projected)
+        avg = mean_and_std(self.projected.values())[0]
         return {
             b
             for b, load in self.projected.items()
@@ -277,7 +273,7 @@ class _Plan:
     def underloaded(self) -> set[BrokerId]:
         """Nearly empty brokers (Pulsar's underloaded multiplier of the average)."""
         multiplier = min(0.5, max(0.0, self.config.target_std / 2.0))
-        avg = math.fsum(self.projected.values()) / len(self.projected)
+        avg = mean_and_std(self.projected.values())[0]
         return {b for b, load in self.projected.items() if load < avg * multiplier}
 
     def skip_reason(self) -> SkipReason:
