@@ -7,7 +7,7 @@ DEV_STATE ?= .state/dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-analytics java etcd run test test-unit lint proto bench clean
+.PHONY: setup setup-analytics java etcd prometheus run test test-unit lint proto bench clean
 
 setup: $(STAMP) etcd ## venv + install (idempotent), etcd-server via apt when missing
 
@@ -34,6 +34,13 @@ java:
 etcd:
 	@bash scripts/ensure-etcd.sh
 
+# The monitoring tests check deploy/prometheus with promtool and run a real Prometheus.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 || { echo "the monitoring tests need Prometheus: installing it with apt"; \
+	sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); $$sudo apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive \
+	apt-get install -y -q --no-install-recommends prometheus; }
+
 run: setup ## the main job: a local 3-broker cluster with traffic, watched live until Ctrl-C
 	@$(VENV)/bin/lbd dev up --brokers 3 --state-dir $(DEV_STATE) --traffic || exit $$?; \
 	trap '$(VENV)/bin/lbd dev down --state-dir $(DEV_STATE)' EXIT; trap 'exit 130' INT TERM; \
@@ -41,7 +48,7 @@ run: setup ## the main job: a local 3-broker cluster with traffic, watched live 
 
 # The second run repeats the end-to-end and chaos suites on `lbd dev up --secure` clusters
 # (mutual TLS, roles, etcd with TLS and auth). SECURE_JUNIT: where that run writes its report.
-test: setup-analytics ## the whole suite, then e2e and chaos again on secure clusters
+test: setup-analytics prometheus ## the whole suite, then e2e and chaos again on secure clusters
 	$(PY) -m pytest
 	LBD_TEST_SECURE=1 $(PY) -m pytest tests/e2e tests/chaos $(if $(SECURE_JUNIT),--junitxml=$(SECURE_JUNIT))
 

@@ -7,7 +7,9 @@ kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and 
 and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself),
 ``sim`` (seeds per second of the deterministic simulation), ``security`` (owned Lookups through
 a plain and a ``--secure`` dev cluster: what mutual TLS and roles cost), ``balance`` (every
-shedding strategy on the standard balancing scenarios, as ``lbd bench balance``).
+shedding strategy on the standard balancing scenarios, as ``lbd bench balance``), ``operating``
+(per-transfer unavailability over 60 transfers under traffic, and the drain of 200 bundles under
+the default execution governor, on a dev cluster it starts itself).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.table import Table
 from bench import (
     channel_bench,
     core,
+    operating_bench,
     outage_bench,
     security_bench,
     sidecar_bench,
@@ -30,7 +33,17 @@ from bench.report import measurements_table
 from lbd.sim.balance_suite import run_suite
 from lbd.sim.balance_suite import table as balance_table
 
-SUITES = ("core", "balance", "channel", "startup", "sidecar", "outages", "sim", "security")
+SUITES = (
+    "core",
+    "balance",
+    "channel",
+    "startup",
+    "sidecar",
+    "operating",
+    "outages",
+    "sim",
+    "security",
+)
 
 
 def main() -> None:
@@ -67,6 +80,11 @@ def main() -> None:
         with console.status(f"sidecar: a dev cluster, {lookups:,} lookups, kill -9..."):
             result = sidecar_bench.run(bundles=32 if args.quick else 128, lookups=lookups)
         console.print(measurements_table("sidecar on a 3-broker dev cluster", result))
+    if "operating" in suites:
+        transfers, drained = (50, 50) if args.quick else (60, 200)
+        with console.status(f"operating: {transfers} transfers, a drain of {drained} bundles..."):
+            result = operating_bench.run(transfers=transfers, drain=drained)
+        console.print(measurements_table("operating a 3-broker dev cluster", result))
     if "outages" in suites:
         etcd_s, pulsar_s = (10.0, 10.0) if args.quick else (60.0, 20.0)
         with console.status(f"outages: etcd {etcd_s:g} s (twice), pulsar-lite {pulsar_s:g} s..."):

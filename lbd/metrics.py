@@ -9,13 +9,14 @@ states), so the number of series stays bounded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from lbd.core.audit import FindingKind
 from lbd.core.load import BrokerLoadData
 from lbd.core.shedding import DecisionReason, SheddingResult, SkipReason, UnloadDecision
 from lbd.core.split import SplitReason
@@ -64,6 +65,24 @@ RESOURCE_FEATURES: Final = (
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Seconds: ownership moves take milliseconds when all is well and tens of seconds when a broker
 is slow to acknowledge (release timeout 10 s, in-flight timeout 30 s by default)."""
+
+UNAVAILABILITY_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Seconds a transferred bundle went unserved: a healthy hand-over takes milliseconds."""
 
 
 class FollowerCounts(Protocol):
@@ -141,6 +160,18 @@ class Metrics:
             ["stat"],
             registry=r,
         )
+        self.load_std = Gauge(
+            "lbd_load_std",
+            "Standard deviation of the brokers' weighted max EMA load at the leader's last "
+            "shedding cycle (0 on a sidecar that never led).",
+            registry=r,
+        )
+        self.load_target_std = Gauge(
+            "lbd_load_target_std",
+            "shedding.target_std, the load std the leader's shedder aims under (set by its "
+            "first shedding cycle).",
+            registry=r,
+        )
 
         # -- the state channel (Pulsar sunit_state_chn_*) --------------------------------------
         self.channel_publish_ops = Counter(
@@ -167,6 +198,12 @@ class Metrics:
         self.owned_bundles = Gauge(
             "lbd_owned_bundles",
             "Bundles Owned by this sidecar's broker in the channel table.",
+            registry=r,
+        )
+        self.bundles_in_flight = Gauge(
+            "lbd_bundles_in_flight",
+            "Bundles Assigning, Releasing or Splitting in this sidecar's channel table (every "
+            "broker's: each sidecar reads the whole channel).",
             registry=r,
         )
         self.release_ack_timeouts = Counter(
@@ -206,6 +243,78 @@ class Metrics:
             "1 while this sidecar runs the leader duties, else 0.",
             registry=r,
         )
+        self.fenced = Gauge(
+            "lbd_fenced",
+            "1 while this sidecar is fenced (neither its etcd lease nor a channel read barrier "
+            "is recent): its broker serves nothing and lookups never name it.",
+            registry=r,
+        )
+        self.fence_total = Counter(
+            "lbd_fence",
+            "Times this sidecar fenced itself.",
+            registry=r,
+        )
+
+        # -- operating: the execution governor, operations, moves --------------------------------
+        self.governor_queued = Gauge(
+            "lbd_governor_moves_queued",
+            "Moves waiting for the execution governor, by budget (balancing, recovery); "
+            "on the leader.",
+            ["budget"],
+            registry=r,
+        )
+        self.governor_in_flight = Gauge(
+            "lbd_governor_moves_in_flight",
+            "Moves the execution governor admitted whose bundle has not settled yet, by budget.",
+            ["budget"],
+            registry=r,
+        )
+        self.governor_started = Counter(
+            "lbd_governor_moves_started",
+            "Moves the execution governor admitted, by budget.",
+            ["budget"],
+            registry=r,
+        )
+        self.transfer_unavailable = Histogram(
+            "lbd_transfer_unavailable_seconds",
+            "Per transfer, the time no broker served the bundle: from the source broker's "
+            "Release acknowledgement to the destination's Own acknowledgement (on the "
+            "destination's sidecar).",
+            buckets=UNAVAILABILITY_BUCKETS,
+            registry=r,
+        )
+        self.operations_active = Gauge(
+            "lbd_operations_active",
+            "Operations (plan executions, drains, decommissions, admin moves, shedding) still "
+            "running on the leader.",
+            registry=r,
+        )
+
+        # -- the safety auditor (lbd.services.leader.auditor) ------------------------------------
+        self.audit_findings = Gauge(
+            "lbd_audit_findings",
+            "The leader's safety auditor's current findings, by kind (stale_owner, "
+            "stuck_in_flight, table_divergence, lookup_dead_owner); `lbd ctl audit` says what "
+            "to do about each. 0 on the other sidecars.",
+            ["kind"],
+            registry=r,
+        )
+        self.audit_runs = Counter(
+            "lbd_audit_runs",
+            "Audits the leader's safety auditor ran on this sidecar.",
+            registry=r,
+        )
+        self.audit_last_run = Gauge(
+            "lbd_audit_last_run_timestamp_seconds",
+            "When this sidecar's safety auditor last ran, as the leader (Unix seconds; 0: never).",
+            registry=r,
+        )
+        self.lookup_dead_owner = Counter(
+            "lbd_lookup_dead_owner",
+            "Lookups this sidecar answered with an owner missing from its broker registry "
+            "(clients sent to a broker that left, with no address).",
+            registry=r,
+        )
 
         # -- the gRPC API -----------------------------------------------------------------------
         self.grpc_client_errors = Counter(
@@ -238,14 +347,21 @@ class Metrics:
             self.resource_usage_stats.labels(stat=stat)
         for feature in RESOURCE_FEATURES:
             self.resource_usage.labels(feature=feature)
+        for kind in FindingKind:
+            self.audit_findings.labels(kind=kind.value)
 
     # -- helpers for the writers whose mapping is not one line -------------------------------
 
     def observe_shedding(
-        self, result: SheddingResult, failed: Collection[UnloadDecision] = ()
+        self,
+        result: SheddingResult,
+        failed: Collection[UnloadDecision] = (),
+        *,
+        target_std: float | None = None,
     ) -> None:
         """Count one shedding cycle: each decision carried out (by its reason), each of ``failed``
-        (not carried out) as a failure, or the cycle's skip reason; record the loads' avg/std."""
+        (not carried out) as a failure, or the cycle's skip reason; record the loads' avg/std,
+        and the std the shedder aims under (``target_std``, when given)."""
         if result.skip_reason is not None:
             self.unload_total.labels(result=SKIP, reason=result.skip_reason.value).inc()
         for decision in result.decisions:
@@ -255,6 +371,9 @@ class Metrics:
             self.unload_total.labels(result=FAILURE, reason=UNKNOWN_REASON).inc(len(failed))
         self.resource_usage_stats.labels(stat="avg").set(result.avg)
         self.resource_usage_stats.labels(stat="std").set(result.std)
+        self.load_std.set(result.std)
+        if target_std is not None:
+            self.load_target_std.set(target_std)
 
     def observe_broker_load(self, data: BrokerLoadData) -> None:
         """Set ``lbd_resource_usage`` from this broker's latest load data."""
@@ -289,6 +408,15 @@ class Metrics:
         """Count one accepted channel change (``state`` None: a tombstone)."""
         label = TOMBSTONE_STATE if state is None else state.value
         self.channel_subscribe_ops.labels(state=label).inc()
+
+    def observe_audit(self, counts: Mapping[FindingKind, int], at_ms: int | None) -> None:
+        """Set ``lbd_audit_findings`` to ``counts`` (every kind); with ``at_ms``, count one
+        audit that ran then."""
+        for kind in FindingKind:
+            self.audit_findings.labels(kind=kind.value).set(counts.get(kind, 0))
+        if at_ms is not None:
+            self.audit_runs.inc()
+            self.audit_last_run.set(at_ms / 1000)
 
     def track_follower(self, stats: FollowerCounts) -> None:
         """Expose the follower's running counts (``ChannelFollower.stats``, read at every scrape)

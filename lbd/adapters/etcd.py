@@ -181,12 +181,17 @@ class EtcdKeys:
         self.brokers = self.root + b"brokers/"
         self.leader = self.root + b"leader/"
         self.namespaces = self.root + b"namespaces/"
+        self.maintenance = self.root + b"maintenance/"
         self.checkpoint = self.root + b"checkpoint"
         self.checkpoint_chunks = self.root + b"checkpoints/"
 
     def broker(self, broker: str) -> bytes:
         """``brokers/<broker>``."""
         return self.brokers + broker.encode()
+
+    def maintenance_of(self, broker: str) -> bytes:
+        """``maintenance/<broker>``: the broker's maintenance record (no lease)."""
+        return self.maintenance + broker.encode()
 
     def candidate(self, lease_id: int) -> bytes:
         """``leader/<lease id in hex>``: one candidacy per session lease (the etcd recipe)."""

@@ -6,7 +6,9 @@ Keys under the cluster prefix:
 - ``leader/<lease id hex>``: one candidacy per session, value = broker id, under the lease. The
   candidate with the lowest create revision leads and its create revision is the term; the others
   each watch the candidacy just before their own (the etcd v3 election recipe: no thundering herd);
-- ``namespaces/<tenant>/<ns>``: compare-and-swap on the mod revision, in a transaction.
+- ``namespaces/<tenant>/<ns>``: compare-and-swap on the mod revision, in a transaction;
+- ``maintenance/<broker_id>``: a broker's maintenance record, under no lease (a cordon outlives
+  the broker's session).
 
 Watches resume from the last revision they delivered after a broken stream or an etcd restart.
 When etcd has compacted that revision, the watch lists the prefix again and emits the differences
@@ -38,7 +40,13 @@ from lbd.core.errors import PreconditionError
 from lbd.core.ids import BrokerId
 from lbd.ports.clock import Clock
 from lbd.ports.errors import CasConflictError, UnavailableError
-from lbd.ports.metadata import Leader, RegistryEvent, SessionEvent, Versioned
+from lbd.ports.metadata import (
+    Leader,
+    MaintenanceEvent,
+    RegistryEvent,
+    SessionEvent,
+    Versioned,
+)
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +253,35 @@ class EtcdMetadataStore:
             actual = None if now is None else now.mod_revision
             raise CasConflictError(namespace, expected_mod_revision, actual)
         return now.mod_revision
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
+        """Every maintenance record and the revision it was read at."""
+        kvs, revision = await self._conn.list_prefix(self._keys.maintenance)
+        return {self._maintained(kv.key): kv.value for kv in kvs}, revision
+
+    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
+        """Write ``maintenance/<broker>`` under no lease; the revision of the write."""
+        return await self._conn.put(self._keys.maintenance_of(broker), value)
+
+    async def delete_maintenance(self, broker: BrokerId) -> int:
+        """Delete ``maintenance/<broker>`` (idempotent); the revision of the delete (0: none)."""
+        key = self._keys.maintenance_of(broker)
+        deleted = await self._conn.call(lambda c: c.delete(key), f"delete {key.decode()}")
+        if deleted is None:  # nothing was there: no revision was made
+            return 0
+        revision: int = deleted.header.revision
+        return revision
+
+    async def watch_maintenance(self, after_revision: int) -> AsyncIterator[MaintenanceEvent]:
+        """Maintenance changes after ``after_revision`` (resumed like the registry's watch)."""
+        known = await self._state_at(self._keys.maintenance, after_revision)
+        async for event in self._follow(self._keys.maintenance, known, after_revision):
+            yield MaintenanceEvent(self._maintained(event.key), event.value, event.revision)
+
+    def _maintained(self, key: bytes) -> BrokerId:
+        return BrokerId(key[len(self._keys.maintenance) :].decode())
 
     # -- watches ----------------------------------------------------------------------------
 

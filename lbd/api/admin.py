@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,17 +25,24 @@ from lbd.core.errors import InvalidInputError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
+from lbd.core.operations import Move, MoveState, OperationKind
 from lbd.core.shedding import mean_and_std, scenario_to_json
 from lbd.core.state import ServiceUnitState
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.metrics import ADMIN_REASON
 from lbd.ports.errors import UnavailableError
 
 if TYPE_CHECKING:
     from lbd.services.channel.follower import ChannelFollower
     from lbd.services.cluster.loads import LoadView
+    from lbd.services.cluster.maintenance import MaintenanceView
     from lbd.services.cluster.namespaces import NamespaceService
     from lbd.services.cluster.registry import BrokerRegistry
+    from lbd.services.leader.auditor import SafetyAuditor
+    from lbd.services.leader.decisions import DecisionLog
     from lbd.services.leader.election import LeaderElector
+    from lbd.services.leader.maintenance import Drainer
+    from lbd.services.leader.operations import OperationTracker
     from lbd.services.leader.shedding import UnloadScheduler
     from lbd.services.sidecar.lookup import LookupService
     from lbd.services.sidecar.operations import Operations
@@ -58,6 +65,16 @@ class AdminDeps:
     loads: LoadView
     """The load topics as this sidecar reads them (every sidecar does, for assignment)."""
     forwarder: Forwarder
+    tracker: OperationTracker
+    """The leader's plans and operations (used only while this sidecar leads)."""
+    decisions: DecisionLog
+    """The leader's recent decisions (filled only while this sidecar leads)."""
+    maintenance: MaintenanceView
+    """Every broker's maintenance record (cordoned, draining...)."""
+    drainer: Drainer
+    """Cordon and uncordon here; drain and decommission while this sidecar leads."""
+    auditor: SafetyAuditor
+    """The leader's safety auditor (its findings are answered only while this sidecar leads)."""
 
 
 class AdminServicer(lbd_pb2_grpc.AdminServicer):
@@ -85,19 +102,46 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
     async def Transfer(
         self, request: lbd_pb2.TransferRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.TransferResponse:
-        """Move an Owned bundle to another broker."""
+        """Move an Owned bundle to another broker, as an admin operation of the leader (under
+        the execution governor)."""
         bundle = convert.bundle_id(request.bundle)
         dst = convert.broker_id(request.dst_broker_id, "dst_broker_id")
-        src, new_owner = await self._d.operations.transfer(bundle, dst)
-        return lbd_pb2.TransferResponse(bundle=bundle, src_broker_id=src, dst_broker_id=new_owner)
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.TransferResponse = await self._forward_to_leader(
+                lambda stub: stub.Transfer, request, context
+            )
+            return response
+        src = await self._d.operations.check_transfer(bundle, dst)
+        await self._admin_move(Move(bundle, src, dst, ADMIN_REASON), f"transfer to {dst}")
+        return lbd_pb2.TransferResponse(bundle=bundle, src_broker_id=src, dst_broker_id=dst)
 
     async def Unload(
         self, request: lbd_pb2.UnloadRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.UnloadResponse:
-        """Unload an Owned bundle."""
+        """Unload an Owned bundle, as an admin operation of the leader."""
         bundle = convert.bundle_id(request.bundle)
-        src = await self._d.operations.unload(bundle)
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.UnloadResponse = await self._forward_to_leader(
+                lambda stub: stub.Unload, request, context
+            )
+            return response
+        src = await self._d.operations.check_unload(bundle)
+        await self._admin_move(Move(bundle, src, None, ADMIN_REASON), "unload")
         return lbd_pb2.UnloadResponse(bundle=bundle, src_broker_id=src)
+
+    async def _admin_move(self, move: Move, what: str) -> None:
+        """Run ``move`` as an admin operation and wait for it; PreconditionError (naming the
+        operation) when it did not complete."""
+        op = self._d.tracker.start_operation(
+            OperationKind.ADMIN, f"{what}: {move.bundle} (from {move.src})", [move]
+        )
+        op = await self._d.tracker.wait(op.id)
+        done = op.moves[0]
+        if done.state is not MoveState.DONE:
+            raise PreconditionError(
+                f"{what} of {move.bundle} did not complete ({done.state.value}): {done.error} "
+                f"(operation {op.id})"
+            )
 
     async def Split(
         self, request: lbd_pb2.SplitRequest, context: grpc.aio.ServicerContext
@@ -137,7 +181,8 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
     async def ListBrokers(
         self, request: lbd_pb2.ListBrokersRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.ListBrokersResponse:
-        """Every registered broker, with whether it leads and how many bundles it owns."""
+        """Every registered broker, with whether it leads, how many bundles it owns and its
+        maintenance mode."""
         owned = collections.Counter(self._d.follower.table.owners().values())
         leader = self._d.elector.leader
         brokers = self._d.registry.brokers()
@@ -147,6 +192,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
                     info=convert.broker_info_to_proto(brokers[broker]),
                     leader=leader is not None and leader.broker == broker,
                     owned_bundles=owned.get(broker, 0),
+                    maintenance=self._maintenance_of(broker),
                 )
                 for broker in sorted(brokers)
             ]
@@ -217,14 +263,76 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
     async def Rebalance(
         self, request: lbd_pb2.RebalanceRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.RebalanceResponse:
-        """Run the shedder now on the leader (only propose with ``dry_run``)."""
+        """Plan now on the leader; execute the plan unless ``dry_run`` (then it is kept for
+        Execute)."""
         if not self._d.elector.is_leader:
             response: lbd_pb2.RebalanceResponse = await self._forward_to_leader(
                 lambda stub: stub.Rebalance, request, context
             )
             return response
-        result = await self._d.unload_scheduler.run_once(dry_run=request.dry_run)
-        return convert.rebalance_response(result)
+        report = await self._d.unload_scheduler.run_cycle(dry_run=request.dry_run, asked=True)
+        op_id = None if report.operation is None else report.operation.id
+        return convert.rebalance_response(report.result, report.plan, op_id)
+
+    async def Execute(
+        self, request: lbd_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.Operation:
+        """Execute a plan a dry-run Rebalance returned."""
+        if not request.plan_id:
+            raise InvalidInputError("plan_id is required (from `lbd ctl plan`)")
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.Operation = await self._forward_to_leader(
+                lambda stub: stub.Execute, request, context
+            )
+            return response
+        return convert.operation(self._d.unload_scheduler.execute(request.plan_id))
+
+    async def ListOperations(
+        self, request: lbd_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.ListOperationsResponse:
+        """The leader's operations, newest first."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.ListOperationsResponse = await self._forward_to_leader(
+                lambda stub: stub.ListOperations, request, context
+            )
+            return response
+        ops = self._d.tracker.list_operations(active_only=request.active_only)
+        return lbd_pb2.ListOperationsResponse(operations=[convert.operation(op) for op in ops])
+
+    async def GetOperation(
+        self, request: lbd_pb2.GetOperationRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.Operation:
+        """One operation of the leader."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.Operation = await self._forward_to_leader(
+                lambda stub: stub.GetOperation, request, context
+            )
+            return response
+        return convert.operation(self._d.tracker.get(_operation_id(request.id)))
+
+    async def WatchOperation(
+        self, request: lbd_pb2.WatchOperationRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[lbd_pb2.Operation]:
+        """The operation now and after each change, until it has finished."""
+        if not self._d.elector.is_leader:
+            async for forwarded in self._stream_from_leader(
+                lambda stub: stub.WatchOperation, request, context
+            ):
+                yield forwarded
+            return
+        async for op in self._d.tracker.watch(_operation_id(request.id)):
+            yield convert.operation(op)
+
+    async def CancelOperation(
+        self, request: lbd_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.Operation:
+        """Stop scheduling an operation's moves; the in-flight ones finish."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.Operation = await self._forward_to_leader(
+                lambda stub: stub.CancelOperation, request, context
+            )
+            return response
+        return convert.operation(self._d.tracker.cancel(_operation_id(request.id)))
 
     async def Snapshot(
         self, request: lbd_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -238,6 +346,86 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         scenario = self._d.unload_scheduler.snapshot()
         return lbd_pb2.SnapshotResponse(scenario_json=json.dumps(scenario_to_json(scenario)))
 
+    async def Audit(
+        self, request: lbd_pb2.AuditRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.AuditResponse:
+        """The leader's safety auditor's latest findings (an audit runs now if none has yet)."""
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.AuditResponse = await self._forward_to_leader(
+                lambda stub: stub.Audit, request, context
+            )
+            return response
+        report = self._d.auditor.latest or await self._d.auditor.run_once()
+        return convert.audit_response(report)
+
+    async def ListDecisions(
+        self, request: lbd_pb2.ListDecisionsRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.ListDecisionsResponse:
+        """The leader's recent decisions at or after ``since_ms``, oldest first."""
+        if request.since_ms < 0 or request.limit < 0:
+            raise InvalidInputError(
+                f"since_ms and limit must be >= 0 (0: all kept), got {request.since_ms} and "
+                f"{request.limit}"
+            )
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.ListDecisionsResponse = await self._forward_to_leader(
+                lambda stub: stub.ListDecisions, request, context
+            )
+            return response
+        decisions = self._d.decisions.since(request.since_ms, request.limit)
+        return lbd_pb2.ListDecisionsResponse(decisions=[convert.decision(d) for d in decisions])
+
+    # -- maintenance -------------------------------------------------------------------------
+
+    async def Cordon(
+        self, request: lbd_pb2.CordonRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.MaintenanceResponse:
+        """Keep new bundles off a broker (any sidecar: the record is in the metadata store)."""
+        broker = convert.broker_id(request.broker_id, "broker_id")
+        await self._d.drainer.cordon(broker, request.reason.strip())
+        return self._maintenance_response(broker)
+
+    async def Uncordon(
+        self, request: lbd_pb2.UncordonRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.MaintenanceResponse:
+        """Put a broker back in service; its drain or decommission stops (on the leader)."""
+        broker = convert.broker_id(request.broker_id, "broker_id")
+        await self._d.drainer.uncordon(broker)
+        return self._maintenance_response(broker)
+
+    async def Drain(
+        self, request: lbd_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.Operation:
+        """Cordon a broker and move every bundle off it (on the leader); the operation."""
+        broker = convert.broker_id(request.broker_id, "broker_id")
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.Operation = await self._forward_to_leader(
+                lambda stub: stub.Drain, request, context
+            )
+            return response
+        return convert.operation(await self._d.drainer.drain(broker))
+
+    async def Decommission(
+        self, request: lbd_pb2.DecommissionRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.Operation:
+        """Drain a broker, then deregister it for good (on the leader); the operation."""
+        broker = convert.broker_id(request.broker_id, "broker_id")
+        if not self._d.elector.is_leader:
+            response: lbd_pb2.Operation = await self._forward_to_leader(
+                lambda stub: stub.Decommission, request, context
+            )
+            return response
+        return convert.operation(await self._d.drainer.decommission(broker))
+
+    def _maintenance_of(self, broker: BrokerId) -> str:
+        mode = self._d.maintenance.mode(broker)
+        return "" if mode is None else mode.value
+
+    def _maintenance_response(self, broker: BrokerId) -> lbd_pb2.MaintenanceResponse:
+        return lbd_pb2.MaintenanceResponse(
+            broker_id=broker, maintenance=self._maintenance_of(broker)
+        )
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _sidecar_of(self, broker: BrokerId, role: str) -> BrokerInfo:
@@ -248,12 +436,8 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
             raise UnavailableError(f"{role}, {broker}, did not register its sidecar's address")
         return info
 
-    async def _forward_to_leader(
-        self,
-        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
-        request: Any,
-        context: grpc.aio.ServicerContext,
-    ) -> Any:
+    def _leader_addr(self) -> tuple[str, str]:
+        """The leader's sidecar address and why this sidecar does not answer itself."""
         leader = self._d.elector.leader
         if leader is None:
             raise UnavailableError("no leader is elected right now; retry shortly")
@@ -263,10 +447,30 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
                 "retry shortly"
             )
         target = self._sidecar_of(leader.broker, "the leader")
-        return await self._d.forwarder.call(
-            target.sidecar_grpc_addr,
-            method,
-            request,
-            context,
-            what=f"{leader.broker} leads, not {self._d.me}",
-        )
+        return target.sidecar_grpc_addr, f"{leader.broker} leads, not {self._d.me}"
+
+    async def _stream_from_leader(
+        self,
+        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[Any]:
+        addr, what = self._leader_addr()
+        async for response in self._d.forwarder.stream(addr, method, request, context, what=what):
+            yield response
+
+    async def _forward_to_leader(
+        self,
+        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> Any:
+        addr, what = self._leader_addr()
+        return await self._d.forwarder.call(addr, method, request, context, what=what)
+
+
+def _operation_id(text: str) -> str:
+    """An operation id from a request (InvalidInputError when empty)."""
+    if not text.strip():
+        raise InvalidInputError("id is required: an operation id from `lbd ctl ops list`")
+    return text.strip()

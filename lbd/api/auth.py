@@ -8,7 +8,8 @@ forwarding a call connects with its own certificate and passes its caller's toke
 
 Roles (docs/security.md):
 
-- ``reader``: Lookup, WatchOwnership, ListBrokers, ListBundles, GetLoad, GetLeader;
+- ``reader``: Lookup, WatchOwnership, ListBrokers, ListBundles, GetLoad, GetLeader,
+  ListDecisions, Audit, ListOperations, GetOperation, WatchOperation;
 - ``broker``: what a reader may, and a BrokerSession for its own broker id only;
 - ``admin``: everything.
 
@@ -78,6 +79,11 @@ READER_METHODS = frozenset(
         "Admin/ListBundles",
         "Admin/GetLoad",
         "Admin/GetLeader",
+        "Admin/ListDecisions",
+        "Admin/Audit",
+        "Admin/ListOperations",
+        "Admin/GetOperation",
+        "Admin/WatchOperation",
     )
 )
 BROKER_SESSION = f"{_SERVICE}LoadBalancer/BrokerSession"

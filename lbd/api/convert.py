@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from lbd.core.audit import AuditReport
 from lbd.core.broker import (
     BrokerInfo,
     BrokerMessage,
@@ -27,11 +28,13 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies, NamespaceRecord
+from lbd.core.operations import Move, MoveState, Operation, OperationState, Plan
 from lbd.core.shedding import SheddingResult
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.gen.v1 import lbd_pb2
 
 if TYPE_CHECKING:
+    from lbd.services.leader.decisions import Decision
     from lbd.services.sidecar.lookup import LookupResult
 
 _STATES: Mapping[ServiceUnitState, lbd_pb2.BundleState] = {
@@ -288,8 +291,24 @@ def load_response(
     )
 
 
-def rebalance_response(result: SheddingResult) -> lbd_pb2.RebalanceResponse:
-    """A shedding cycle's decisions, or why there are none."""
+def decision(d: Decision) -> lbd_pb2.Decision:
+    """One entry of the leader's decision log (absent brokers and operation: empty strings)."""
+    return lbd_pb2.Decision(
+        at_ms=d.at_ms,
+        kind=d.kind,
+        bundle=d.bundle,
+        src_broker_id=d.src or "",
+        dst_broker_id=d.dst or "",
+        reason=d.reason,
+        source=d.source,
+        operation_id=d.operation_id or "",
+    )
+
+
+def rebalance_response(
+    result: SheddingResult, plan: Plan | None = None, operation_id: str | None = None
+) -> lbd_pb2.RebalanceResponse:
+    """A shedding cycle's decisions (as a plan), or why there are none."""
     return lbd_pb2.RebalanceResponse(
         decisions=[
             lbd_pb2.UnloadDecision(
@@ -303,4 +322,81 @@ def rebalance_response(result: SheddingResult) -> lbd_pb2.RebalanceResponse:
         skip_reason=result.skip_reason.value if result.skip_reason is not None else "",
         avg=result.avg,
         std=result.std,
+        plan=None if plan is None else plan_to_proto(plan),
+        operation_id=operation_id or "",
+    )
+
+
+_MOVE_STATES = {s: getattr(lbd_pb2, f"MOVE_STATE_{s.name}") for s in MoveState}
+_OPERATION_STATES = {s: getattr(lbd_pb2, f"OPERATION_STATE_{s.name}") for s in OperationState}
+
+
+def move_to_proto(move: Move) -> lbd_pb2.Move:
+    """One move of a plan or an operation."""
+    return lbd_pb2.Move(
+        bundle=move.bundle,
+        src_broker_id=move.src,
+        dst_broker_id=move.dst or "",
+        reason=move.reason,
+        state=_MOVE_STATES[move.state],
+        error=move.error,
+        started_at_ms=move.started_at_ms,
+        ended_at_ms=move.ended_at_ms,
+        unavailable_ms=-1.0 if move.unavailable_ms is None else move.unavailable_ms,
+        msg_throughput=move.msg_throughput,
+        sessions=move.sessions,
+    )
+
+
+def plan_to_proto(plan: Plan) -> lbd_pb2.Plan:
+    """A plan, with its predicted spread and what it moves."""
+    return lbd_pb2.Plan(
+        id=plan.id,
+        strategy=plan.strategy,
+        moves=[move_to_proto(m) for m in plan.moves],
+        avg=plan.avg,
+        std_before=plan.std_before,
+        std_after=plan.std_after,
+        bytes_to_move=plan.bytes_to_move,
+        sessions_to_move=plan.sessions_to_move,
+        created_at_ms=plan.created_at_ms,
+        expires_at_ms=plan.expires_at_ms,
+    )
+
+
+def operation(op: Operation) -> lbd_pb2.Operation:
+    """An operation with its moves and progress."""
+    return lbd_pb2.Operation(
+        id=op.id,
+        kind=op.kind.value,
+        description=op.description,
+        state=_OPERATION_STATES[op.state],
+        moves=[move_to_proto(m) for m in op.moves],
+        created_at_ms=op.created_at_ms,
+        ended_at_ms=op.ended_at_ms,
+        error=op.error,
+        broker_id=op.broker or "",
+        plan_id=op.plan_id or "",
+        moves_done=op.moves_done,
+        moves_left=op.moves_left,
+    )
+
+
+def audit_response(report: AuditReport) -> lbd_pb2.AuditResponse:
+    """The safety auditor's report: each finding with what to do about it."""
+    return lbd_pb2.AuditResponse(
+        findings=[
+            lbd_pb2.Finding(
+                kind=f.kind.value,
+                bundle=f.bundle or "",
+                broker_id=f.broker or "",
+                detail=f.detail,
+                action=f.action,
+                since_ms=f.since_ms,
+            )
+            for f in report.findings
+        ],
+        checked_at_ms=report.checked_at_ms,
+        bundles_checked=report.bundles_checked,
+        sidecars_compared=report.sidecars_compared,
     )

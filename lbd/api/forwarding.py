@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -74,6 +74,38 @@ class Forwarder:
         refusal of a call that was forwarded already). A failed call raises its
         :class:`grpc.aio.AioRpcError`, which the error mapping passes on to the caller as it is.
         """
+        metadata = self._metadata(context, what)
+        remaining = context.time_remaining()
+        timeout = self._timeout_s if remaining is None else min(remaining, self._timeout_s)
+        _log.info("forwarding %s to %s: %s", type(request).__name__, addr, what)
+        stub = lbd_pb2_grpc.AdminStub(await self._channel(addr))
+        return await method(stub)(request, metadata=metadata, timeout=timeout)
+
+    async def stream(
+        self,
+        addr: str,
+        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        *,
+        what: str,
+    ) -> AsyncIterator[Any]:
+        """:meth:`call` for a server-streaming method: its responses as they come, for as long
+        as the caller's deadline allows (no deadline of its own: a drain may take long)."""
+        metadata = self._metadata(context, what)
+        _log.info("forwarding %s to %s: %s", type(request).__name__, addr, what)
+        stub = lbd_pb2_grpc.AdminStub(await self._channel(addr))
+        call = method(stub)(request, metadata=metadata, timeout=context.time_remaining())
+        try:
+            async for response in call:
+                yield response
+        finally:
+            call.cancel()
+
+    def _metadata(
+        self, context: grpc.aio.ServicerContext, what: str
+    ) -> tuple[tuple[str, str], ...]:
+        """The forwarded call's metadata; PreconditionError when the call was forwarded here."""
         incoming = context.invocation_metadata() or ()
         sender = forwarded_by(incoming)
         if sender is not None:
@@ -84,11 +116,7 @@ class Forwarder:
         metadata: list[tuple[str, str]] = [(FORWARDED, self._me)]
         metadata += [(k, v) for k, v in incoming if k == AUTHORIZATION and isinstance(v, str)]
         inject_context(metadata)
-        remaining = context.time_remaining()
-        timeout = self._timeout_s if remaining is None else min(remaining, self._timeout_s)
-        _log.info("forwarding %s to %s: %s", type(request).__name__, addr, what)
-        stub = lbd_pb2_grpc.AdminStub(await self._channel(addr))
-        return await method(stub)(request, metadata=tuple(metadata), timeout=timeout)
+        return tuple(metadata)
 
     async def _channel(self, addr: str) -> grpc.aio.Channel:
         stamp = _stamp(self._credentials)

@@ -68,6 +68,11 @@ def sidecar_api(
                 unload_scheduler=sidecar.unload_scheduler,
                 loads=sidecar.loads,
                 forwarder=forwarder,
+                tracker=sidecar.tracker,
+                decisions=sidecar.decisions,
+                maintenance=sidecar.maintenance,
+                drainer=sidecar.drainer,
+                auditor=sidecar.auditor,
             )
         ),
         metrics=sidecar.metrics,

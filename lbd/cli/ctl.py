@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from lbd.broker.credentials import ClientCredentials
 from lbd.core.errors import InvalidInputError, LbdError
 from lbd.ctl import render
 from lbd.ctl.client import DEFAULT_TIMEOUT_S, SidecarClient
+from lbd.ctl.decisions import merge, parse_since
 from lbd.ctl.watch import watch
+from lbd.gen.v1 import lbd_pb2
+from lbd.history.reader import read_decisions
 
 TOKEN_ENV = "LBD_GRPC__ADMIN_TOKEN"
 """The admin token of the sidecars' own settings, used when no other token is given."""
@@ -83,13 +87,63 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="0x..,0x..",
         help="split points for specified_positions_divide",
     )
-    v = verbs.add_parser("rebalance", help="run the shedder now")
-    v.add_argument("--dry-run", action="store_true", help="only propose, move nothing")
+    v = verbs.add_parser("rebalance", help="plan now and execute the plan (an operation)")
+    v.add_argument(
+        "--dry-run", action="store_true", help="only plan, move nothing (the same as `plan`)"
+    )
+    verbs.add_parser(
+        "plan", help="plan a rebalance: moves, std before and predicted after (lbd ctl execute)"
+    )
+    v = verbs.add_parser("execute", help="execute a plan (from `lbd ctl plan`)")
+    v.add_argument("plan_id", metavar="PLAN_ID")
+    v.add_argument("--wait", action="store_true", help="follow the operation until it ends")
+    ops = verbs.add_parser("ops", help="the leader's operations: list, get, watch, cancel")
+    ops_verbs = ops.add_subparsers(dest="ops_command", metavar="OPS_VERB", required=True)
+    v = ops_verbs.add_parser("list", help="operations, newest first")
+    v.add_argument("--active", action="store_true", help="only those still running")
+    v = ops_verbs.add_parser("get", help="one operation with every move")
+    v.add_argument("op_id", metavar="OP_ID")
+    v = ops_verbs.add_parser("watch", help="follow an operation until it ends")
+    v.add_argument("op_id", metavar="OP_ID")
+    v = ops_verbs.add_parser("cancel", help="stop scheduling its moves (in-flight ones finish)")
+    v.add_argument("op_id", metavar="OP_ID")
     v = verbs.add_parser("snapshot", help="the leader's load snapshot as a scenario file")
     v.add_argument("--out", type=Path, metavar="FILE", help="write here (default: stdout)")
+    verbs.add_parser(
+        "audit", help="the leader's safety auditor's findings, each with what to do about it"
+    )
+    v = verbs.add_parser("decisions", help="the leader's recent decisions and their reasons")
+    v.add_argument(
+        "--since",
+        type=since_arg,
+        default=0,
+        metavar="DURATION|TIME",
+        help="only decisions since then: a duration back from now (30s, 10m, 2h, 1d) or an "
+        "ISO-8601 time (UTC unless it has an offset); default: every one kept",
+    )
+    v.add_argument(
+        "--limit", type=int, default=0, metavar="N", help="only the newest N (default: all)"
+    )
+    v.add_argument(
+        "--history",
+        metavar="URI",
+        help="also read the decisions of the Parquet history at URI (history.uri), which "
+        "keeps more than the leader",
+    )
     v = verbs.add_parser("create-namespace", help="create a namespace")
     v.add_argument("namespace", metavar="NS")
     v.add_argument("--bundles", type=int, default=0, metavar="N", help="default: the sidecar's")
+    v = verbs.add_parser("cordon", help="keep new bundles off a broker (it keeps its own)")
+    v.add_argument("broker", metavar="BROKER")
+    v.add_argument("--reason", default="", metavar="R", help="why (shown with the record)")
+    v = verbs.add_parser("uncordon", help="put a broker back in service (stops its drain)")
+    v.add_argument("broker", metavar="BROKER")
+    v = verbs.add_parser("drain", help="cordon a broker and move every bundle off it")
+    v.add_argument("broker", metavar="BROKER")
+    v.add_argument("--wait", action="store_true", help="follow the operation until it ends")
+    v = verbs.add_parser("decommission", help="drain a broker, then deregister it for good")
+    v.add_argument("broker", metavar="BROKER")
+    v.add_argument("--wait", action="store_true", help="follow the operation until it ends")
     verbs.add_parser("watch", help="a live view of the cluster until Ctrl-C")
     p.set_defaults(func=run)
 
@@ -109,6 +163,14 @@ def parse_boundaries(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{part} is outside the hash space 0..0xffffffff")
         points.append(value)
     return points
+
+
+def since_arg(text: str) -> int:
+    """``--since`` as epoch milliseconds (see :func:`lbd.ctl.decisions.parse_since`)."""
+    try:
+        return parse_since(text, time.time_ns() // 1_000_000)
+    except InvalidInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_credential_flags(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +221,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.ctl_command == "snapshot":
             return _snapshot(client, args.out)
+        if args.ctl_command == "ops" and args.ops_command == "watch":
+            return follow_operation(client, args.op_id, console, json_lines=args.output == "json")
+        if args.ctl_command == "execute" and args.wait:
+            op = client.execute(args.plan_id)
+            return follow_operation(client, op.id, console, json_lines=args.output == "json")
+        if args.ctl_command in ("drain", "decommission") and args.wait:
+            op = _MAINTENANCE_OPS[args.ctl_command](client, args.broker)
+            return follow_operation(client, op.id, console, json_lines=args.output == "json")
         if args.ctl_command == "health":
             status = client.health()
             print(status)
@@ -187,6 +257,11 @@ def _brokers(c: SidecarClient, a: argparse.Namespace) -> _Shown:
 def _bundles(c: SidecarClient, a: argparse.Namespace) -> _Shown:
     r = c.bundles(a.namespace)
     return r, render.bundles_table(r)
+
+
+def _audit(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.audit()
+    return r, render.audit_view(r)
 
 
 def _leader(c: SidecarClient, a: argparse.Namespace) -> _Shown:
@@ -224,6 +299,72 @@ def _rebalance(c: SidecarClient, a: argparse.Namespace) -> _Shown:
     return r, render.rebalance_table(r, dry_run=a.dry_run)
 
 
+def _plan(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.rebalance(dry_run=True)
+    return r, render.rebalance_table(r, dry_run=True)
+
+
+def _execute(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.execute(a.plan_id)
+    return r, render.operation_table(r)
+
+
+def _ops(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    if a.ops_command == "list":
+        listed = c.operations(active_only=a.active)
+        return listed, render.operations_table(listed)
+    op = c.cancel_operation(a.op_id) if a.ops_command == "cancel" else c.operation(a.op_id)
+    return op, render.operation_table(op)
+
+
+def follow_operation(
+    client: SidecarClient, op_id: str, console: Console, *, json_lines: bool = False
+) -> int:
+    """Print an operation's progress until it ends; 0 when it succeeded, else 1."""
+    last: lbd_pb2.Operation | None = None
+    for op in client.watch_operation(op_id):
+        last = op
+        if json_lines:
+            print(render.to_json(op).replace("\n", ""), flush=True)
+        else:
+            console.print(render.operation_line(op))
+    if last is None:
+        raise LbdError(f"the leader sent nothing about operation {op_id}")
+    if not json_lines:
+        console.print(render.operation_table(last))
+    return 0 if last.state == lbd_pb2.OPERATION_STATE_SUCCEEDED else 1
+
+
+def _decisions(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    if a.limit < 0:
+        raise InvalidInputError(f"--limit must be >= 0 (0: all), got {a.limit}")
+    r = c.decisions(a.since, a.limit)
+    if a.history is not None:
+        r = merge(r.decisions, read_decisions(a.history, since_ms=a.since), a.limit)
+    return r, render.decisions_table(r)
+
+
+def _cordon(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.cordon(a.broker, a.reason)
+    return r, render.fields_table("cordoned", r)
+
+
+def _uncordon(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = c.uncordon(a.broker)
+    return r, render.fields_table("uncordoned", r)
+
+
+_MAINTENANCE_OPS: dict[str, Callable[[SidecarClient, str], lbd_pb2.Operation]] = {
+    "drain": SidecarClient.drain,
+    "decommission": SidecarClient.decommission,
+}
+
+
+def _maintenance_op(c: SidecarClient, a: argparse.Namespace) -> _Shown:
+    r = _MAINTENANCE_OPS[a.ctl_command](c, a.broker)
+    return r, render.operation_table(r)
+
+
 def _create_namespace(c: SidecarClient, a: argparse.Namespace) -> _Shown:
     if a.bundles < 0:
         raise InvalidInputError(f"--bundles must be >= 1 (or 0 for the default), got {a.bundles}")
@@ -232,6 +373,7 @@ def _create_namespace(c: SidecarClient, a: argparse.Namespace) -> _Shown:
 
 
 _VERBS: dict[str, Callable[[SidecarClient, argparse.Namespace], _Shown]] = {
+    "audit": _audit,
     "lookup": _lookup,
     "brokers": _brokers,
     "bundles": _bundles,
@@ -242,7 +384,15 @@ _VERBS: dict[str, Callable[[SidecarClient, argparse.Namespace], _Shown]] = {
     "unload": _unload,
     "split": _split,
     "rebalance": _rebalance,
+    "plan": _plan,
+    "execute": _execute,
+    "ops": _ops,
+    "decisions": _decisions,
     "create-namespace": _create_namespace,
+    "cordon": _cordon,
+    "uncordon": _uncordon,
+    "drain": _maintenance_op,
+    "decommission": _maintenance_op,
 }
 
 

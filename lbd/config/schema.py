@@ -35,7 +35,10 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.names import TopicName
 from lbd.core.tuning import (
     AssignmentConfig,
+    Budget,
+    GovernorConfig,
     MonitorConfig,
+    OperationsConfig,
     SheddingConfig,
     SidecarConfig,
     SidecarTimings,
@@ -45,6 +48,8 @@ from lbd.core.tuning import (
 _SHEDDING = SheddingConfig()
 _SPLIT = SplitConfig()
 _ASSIGNMENT = AssignmentConfig()
+_GOVERNOR = GovernorConfig()
+_OPERATIONS = OperationsConfig()
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _BROKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -731,6 +736,63 @@ class MonitorSettings(Section):
         return MonitorConfig(**_core_kwargs(self, MonitorConfig))
 
 
+class GovernorSettings(Section):
+    """``[governor]``: the execution governor. Every bundle move passes it: the leader's shedding,
+    plans, drains, admin transfers and unloads (the balancing budget) and the repair of orphans
+    (the recovery budget). 0 turns a limit off (docs/operating.md)."""
+
+    balancing_per_broker: int = Field(default=_GOVERNOR.balancing.per_broker, ge=0)
+    """Balancing moves in flight at once into or out of one broker: a drained broker hands over
+    this many bundles at a time, a new broker takes this many at a time."""
+    balancing_cluster: int = Field(default=_GOVERNOR.balancing.cluster, ge=0)
+    """Balancing moves in flight at once in the whole cluster."""
+    balancing_per_minute: int = Field(default=_GOVERNOR.balancing.per_minute, ge=0)
+    """Balancing moves started in any 60 s."""
+    recovery_per_broker: int = Field(default=_GOVERNOR.recovery.per_broker, ge=0)
+    """Orphans being assigned at once to one broker (nobody serves an orphan meanwhile, so this
+    is high: it only keeps a failover from landing everything on one broker at once)."""
+    recovery_cluster: int = Field(default=_GOVERNOR.recovery.cluster, ge=0)
+    """Orphans being assigned at once in the whole cluster."""
+    recovery_per_minute: int = Field(default=_GOVERNOR.recovery.per_minute, ge=0)
+    """Orphan assignments started in any 60 s."""
+
+    def to_core(self) -> GovernorConfig:
+        """The governor's budgets."""
+        return GovernorConfig(
+            balancing=Budget(
+                per_broker=self.balancing_per_broker,
+                cluster=self.balancing_cluster,
+                per_minute=self.balancing_per_minute,
+            ),
+            recovery=Budget(
+                per_broker=self.recovery_per_broker,
+                cluster=self.recovery_cluster,
+                per_minute=self.recovery_per_minute,
+            ),
+        )
+
+
+class OperationsSettings(Section):
+    """``[operations]``: plans, tracked operations, the safety auditor and the decision log,
+    all kept by the leader (docs/operating.md)."""
+
+    auto_shedding: bool = _OPERATIONS.auto_shedding
+    """The leader executes its own shedding decisions every shedding.interval_s. False: it only
+    plans when asked (Rebalance) and moves what an operator executes."""
+    plan_ttl_s: Seconds = _OPERATIONS.plan_ttl_s
+    """How long a plan from Rebalance may be executed: an older one rests on stale load."""
+    keep_finished: int = Field(default=_OPERATIONS.keep_finished, gt=0)
+    """Finished operations the leader keeps for `lbd ctl ops list` and get."""
+    keep_decisions: int = Field(default=_OPERATIONS.keep_decisions, gt=0)
+    """Recent decisions the leader keeps for `lbd ctl decisions`."""
+    audit_interval_s: Seconds = _OPERATIONS.audit_interval_s
+    """How often the leader's safety auditor runs its checks."""
+
+    def to_core(self) -> OperationsConfig:
+        """The leader's operation knobs."""
+        return OperationsConfig(**_core_kwargs(self, OperationsConfig))
+
+
 class CheckpointSettings(Section):
     """``[checkpoint]``: the leader's snapshots of the channel table (DESIGN §4)."""
 
@@ -790,6 +852,8 @@ class Settings(BaseModel):
     split: SplitSettings = Field(default_factory=SplitSettings)
     assignment: AssignmentSettings = Field(default_factory=AssignmentSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    governor: GovernorSettings = Field(default_factory=GovernorSettings)
+    operations: OperationsSettings = Field(default_factory=OperationsSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     load_report: LoadReportSettings = Field(default_factory=LoadReportSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
@@ -831,6 +895,8 @@ class Settings(BaseModel):
             checkpoint_interval_s=self.checkpoint.interval_s,
             load_report_interval_s=self.load_report.interval_s,
             top_bundles_per_report=self.load_report.top_bundles,
+            governor=self.governor.to_core(),
+            operations=self.operations.to_core(),
         )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from lbd.core.audit import AuditData
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 
@@ -111,6 +112,9 @@ class BrokerLoadData:
     msg_throughput_ema: float = 0.0
     updated_at_ms: int = 0
     reported_at_ms: int = 0
+    audit: AuditData | None = None
+    """The sidecar's table position and digest and its dead-owner lookups, for the leader's
+    safety auditor (None: not reported, as by an older sidecar)."""
 
     @property
     def msg_throughput(self) -> float:
@@ -150,6 +154,7 @@ class BrokerLoadData:
                 "msg_throughput_ema": self.msg_throughput_ema,
                 "updated_at_ms": self.updated_at_ms,
                 "reported_at_ms": self.reported_at_ms,
+                **({} if self.audit is None else {"audit": self.audit.to_json_object()}),
             }
         )
 
@@ -157,9 +162,11 @@ class BrokerLoadData:
     def from_json(cls, raw: bytes | str) -> BrokerLoadData:
         """Read a published value; InvalidInputError naming the field that is wrong.
 
-        ``broker`` is required; absent numbers read as 0, unknown fields are ignored.
+        ``broker`` is required; absent numbers read as 0, an absent ``audit`` as None (unknown),
+        unknown fields are ignored.
         """
         obj = _load(raw, "broker load data")
+        audit = obj.get("audit")
         return cls(
             broker=_broker(obj, "broker load data"),
             usage=_usage_from_dict(obj.get("usage", {}), "broker load data.usage"),
@@ -168,6 +175,9 @@ class BrokerLoadData:
             msg_throughput_ema=_number(obj, "msg_throughput_ema", "broker load data"),
             updated_at_ms=_count(obj, "updated_at_ms", "broker load data"),
             reported_at_ms=_count(obj, "reported_at_ms", "broker load data"),
+            audit=None
+            if audit is None
+            else AuditData.from_json_object(audit, "broker load data.audit"),
         )
 
 

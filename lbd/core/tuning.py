@@ -193,6 +193,56 @@ class MonitorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits on one kind of move (``[governor]``); 0 turns a limit off."""
+
+    per_broker: int
+    """Moves in flight at once into or out of one broker."""
+    cluster: int
+    """Moves in flight at once in the whole cluster."""
+    per_minute: int
+    """Moves started in any 60 s."""
+
+    def __post_init__(self) -> None:
+        for name in ("per_broker", "cluster", "per_minute"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidInputError(
+                    f"{name} must be an integer >= 0 (0: no limit), got {value!r}"
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class GovernorConfig:
+    """The execution governor's budgets: every move of a bundle passes it (docs/operating.md)."""
+
+    balancing: Budget = field(
+        default_factory=lambda: Budget(per_broker=4, cluster=16, per_minute=600)
+    )
+    """Shedding, plans, drains and admin moves."""
+    recovery: Budget = field(
+        default_factory=lambda: Budget(per_broker=256, cluster=2048, per_minute=0)
+    )
+    """The leader's repair of orphans (bundles of gone brokers), which nobody serves meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperationsConfig:
+    """Plans, operations, the auditor and the decision log of the leader (``[operations]``)."""
+
+    auto_shedding: bool = True
+    """The leader executes its own shedding decisions each cycle; False: only on Execute."""
+    plan_ttl_s: float = 600.0
+    """A plan from Rebalance may be executed for this long."""
+    keep_finished: int = 100
+    """Finished operations kept for list and get."""
+    keep_decisions: int = 1000
+    """Decisions kept for ``lbd ctl decisions``."""
+    audit_interval_s: float = 30.0
+    """How often the safety auditor checks the table, the registry and the sidecars' digests."""
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarTimings:
     """How long a sidecar waits for each thing, in seconds. Each is a setting; the settings layer
     checks the invariants that tie them together (:mod:`lbd.config.invariants`)."""
@@ -268,3 +318,5 @@ class SidecarConfig:
     checkpoint_interval_s: float = 300.0
     load_report_interval_s: float = 10.0
     top_bundles_per_report: int = 10
+    governor: GovernorConfig = field(default_factory=GovernorConfig)
+    operations: OperationsConfig = field(default_factory=OperationsConfig)

@@ -7,7 +7,7 @@ command line can print it as one line; a call never hangs longer than its deadli
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
@@ -119,9 +119,67 @@ class SidecarClient:
         """Run the shedder now (only propose with ``dry_run``)."""
         return self._call(self._admin.Rebalance, lbd_pb2.RebalanceRequest(dry_run=dry_run))
 
+    def execute(self, plan_id: str) -> lbd_pb2.Operation:
+        """Execute a plan from a dry-run rebalance; the operation."""
+        return self._call(self._admin.Execute, lbd_pb2.ExecuteRequest(plan_id=plan_id))
+
+    def operations(self, *, active_only: bool = False) -> lbd_pb2.ListOperationsResponse:
+        """The leader's operations, newest first."""
+        request = lbd_pb2.ListOperationsRequest(active_only=active_only)
+        return self._call(self._admin.ListOperations, request)
+
+    def operation(self, op_id: str) -> lbd_pb2.Operation:
+        """One operation of the leader."""
+        return self._call(self._admin.GetOperation, lbd_pb2.GetOperationRequest(id=op_id))
+
+    def cancel_operation(self, op_id: str) -> lbd_pb2.Operation:
+        """Stop scheduling an operation's moves (the in-flight ones finish)."""
+        request = lbd_pb2.CancelOperationRequest(id=op_id)
+        return self._call(self._admin.CancelOperation, request)
+
+    def watch_operation(
+        self, op_id: str, *, timeout_s: float | None = None
+    ) -> Iterator[lbd_pb2.Operation]:
+        """The operation now and after each change until it ends (``timeout_s``: a deadline
+        for the whole watch; None: none)."""
+        request = lbd_pb2.WatchOperationRequest(id=op_id)
+        stream = self._admin.WatchOperation(request, timeout=timeout_s, metadata=self._metadata)
+        try:
+            yield from self._stream(stream)
+        finally:
+            stream.cancel()
+
+    def cordon(self, broker: str, reason: str = "") -> lbd_pb2.MaintenanceResponse:
+        """Keep new bundles off ``broker``; its maintenance mode now."""
+        request = lbd_pb2.CordonRequest(broker_id=broker, reason=reason)
+        return self._call(self._admin.Cordon, request)
+
+    def uncordon(self, broker: str) -> lbd_pb2.MaintenanceResponse:
+        """Put ``broker`` back in service (a drain of it stops)."""
+        return self._call(self._admin.Uncordon, lbd_pb2.UncordonRequest(broker_id=broker))
+
+    def drain(self, broker: str) -> lbd_pb2.Operation:
+        """Cordon ``broker`` and move every bundle off it; the operation."""
+        return self._call(self._admin.Drain, lbd_pb2.DrainRequest(broker_id=broker))
+
+    def decommission(self, broker: str) -> lbd_pb2.Operation:
+        """Drain ``broker``, then deregister it; the operation."""
+        request = lbd_pb2.DecommissionRequest(broker_id=broker)
+        return self._call(self._admin.Decommission, request)
+
     def snapshot(self) -> lbd_pb2.SnapshotResponse:
         """The leader's load snapshot in the scenario format (DESIGN §7)."""
         return self._call(self._admin.Snapshot, lbd_pb2.SnapshotRequest())
+
+    def audit(self) -> lbd_pb2.AuditResponse:
+        """The leader's safety auditor's findings, each with what to do."""
+        return self._call(self._admin.Audit, lbd_pb2.AuditRequest())
+
+    def decisions(self, since_ms: int = 0, limit: int = 0) -> lbd_pb2.ListDecisionsResponse:
+        """The leader's decisions at or after ``since_ms``, oldest first; the newest ``limit``
+        (0: every one it keeps)."""
+        request = lbd_pb2.ListDecisionsRequest(since_ms=since_ms, limit=limit)
+        return self._call(self._admin.ListDecisions, request)
 
     def close(self) -> None:
         """Close the channel; idempotent."""
@@ -138,15 +196,25 @@ class SidecarClient:
     ) -> None:
         self.close()
 
+    def _stream(self, stream: Iterator[_Response]) -> Iterator[_Response]:
+        try:
+            yield from stream
+        except grpc.RpcError as e:
+            raise self._failure(e) from None
+
     def _call(self, method: Callable[..., _Response], request: Message) -> _Response:
         try:
             return method(request, timeout=self._timeout_s, metadata=self._metadata)
         except grpc.RpcError as e:
-            # Every error a blocking call raises is also a grpc.Call with a code and details.
-            code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
-            details = e.details() if isinstance(e, grpc.Call) else str(e)
-            if code is grpc.StatusCode.UNAVAILABLE and (
-                not details or details.startswith(_CONNECT_FAILURE)
-            ):
-                details = f"cannot reach the sidecar at {self.server} ({details or 'no answer'})"
-            raise RpcFailure(code, details or "") from None
+            raise self._failure(e) from None
+
+    def _failure(self, e: grpc.RpcError) -> RpcFailure:
+        """The failure to raise for ``e``."""
+        # Every error a blocking call raises is also a grpc.Call with a code and details.
+        code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+        details = e.details() if isinstance(e, grpc.Call) else str(e)
+        if code is grpc.StatusCode.UNAVAILABLE and (
+            not details or details.startswith(_CONNECT_FAILURE)
+        ):
+            details = f"cannot reach the sidecar at {self.server} ({details or 'no answer'})"
+        return RpcFailure(code, details or "")

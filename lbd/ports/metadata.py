@@ -1,4 +1,5 @@
-"""The metadata-store port: broker registry, leader election, namespace records, session events.
+"""The metadata-store port: broker registry, leader election, maintenance and namespace records,
+session events.
 
 The real implementation is etcd (:mod:`lbd.adapters.etcd_store`); keys live under a per-cluster
 prefix (DESIGN §3). Every method raises :class:`~lbd.ports.errors.UnavailableError` when the store
@@ -63,8 +64,17 @@ class RegistryEvent:
     revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class MaintenanceEvent:
+    """A broker's maintenance record was written (``value`` set) or cleared (``value`` None)."""
+
+    broker: BrokerId
+    value: bytes | None
+    revision: int
+
+
 class MetadataStore(Protocol):
-    """Broker registry, election and namespace records of one cluster.
+    """Broker registry, election, maintenance and namespace records of one cluster.
 
     Lifecycle: ``start()`` grants the session lease and starts keeping it alive; ``close()`` revokes
     it (so registrations vanish at once) and is idempotent.
@@ -170,6 +180,28 @@ class MetadataStore(Protocol):
         ``expected_mod_revision == 0`` means "create: the record must not exist". Returns the new
         mod revision; raises :class:`~lbd.ports.errors.CasConflictError` when the record changed.
         """
+        ...
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
+        """Every broker's maintenance record and the store revision it was read at."""
+        ...
+
+    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
+        """Write ``maintenance/<broker>`` (overwrites); the store revision of the write (its
+        watch event carries the same). Not under the session lease: the record outlives this
+        session, the broker's registration and the sidecar that wrote it."""
+        ...
+
+    async def delete_maintenance(self, broker: BrokerId) -> int:
+        """Delete ``maintenance/<broker>`` (idempotent); the store revision of the delete (its
+        watch event carries the same), 0 when there was nothing to delete."""
+        ...
+
+    def watch_maintenance(self, after_revision: int) -> AsyncIterator[MaintenanceEvent]:
+        """Maintenance changes strictly after ``after_revision``, in order, without gaps; survives
+        outages and compaction as :meth:`watch_brokers` does; ends when the store is closed."""
         ...
 
     # -- session ----------------------------------------------------------------------------

@@ -7,11 +7,12 @@ services of a sidecar, so what runs in tests is what runs in production.
 Start order (:meth:`Sidecar.start`), each step needing the ones before:
 
 1. the channel: the newest checkpoint restored, the follower caught up with the channel;
-2. the metadata session (grants the lease), the load topics, the registry, ``public/default``;
+2. the metadata session (grants the lease), the load topics, the registry, the maintenance
+   records, ``public/default``;
 3. the session watcher, then ownership: the reactor reconciles the broker with the table, the
    registration follows the broker link, the fence watches the lease;
 4. this broker's load reports and split scheduler, then the leader election (whose duties are the
-   shedder, the ownership monitor and checkpoints).
+   shedder, the ownership monitor, checkpoints, drains and the safety auditor).
 
 :meth:`Sidecar.close` stops them in reverse, deregistering the broker before the lease goes.
 """
@@ -26,10 +27,11 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lbd.core.audit import AuditBounds, AuditData
 from lbd.core.broker import BrokerInfo
 from lbd.core.ids import BrokerId
 from lbd.core.names import NamespaceName
-from lbd.core.state import owner_of
+from lbd.core.state import ServiceUnitStateData, owner_of
 from lbd.core.table import ApplyResult
 from lbd.core.tuning import SidecarConfig
 from lbd.metrics import Metrics
@@ -46,10 +48,16 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.loads import LoadView
+from lbd.services.cluster.maintenance import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.leader.auditor import SafetyAuditor
+from lbd.services.leader.decisions import DecisionLog
 from lbd.services.leader.election import LeaderElector
+from lbd.services.leader.governor import ExecutionGovernor
+from lbd.services.leader.maintenance import Drainer
 from lbd.services.leader.monitor import OwnershipMonitor
+from lbd.services.leader.operations import OperationTracker
 from lbd.services.leader.shedding import UnloadScheduler
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.fencing import Fence
@@ -95,6 +103,7 @@ class Sidecar:
     follower: ChannelFollower
     proposer: Proposer
     registry: BrokerRegistry
+    maintenance: MaintenanceView
     namespaces: NamespaceService
     loads: LoadView
     assigner: Assigner
@@ -110,7 +119,12 @@ class Sidecar:
     unload_scheduler: UnloadScheduler
     monitor: OwnershipMonitor
     checkpointing: CheckpointDuty
+    auditor: SafetyAuditor
     elector: LeaderElector
+    governor: ExecutionGovernor
+    tracker: OperationTracker
+    decisions: DecisionLog
+    drainer: Drainer
     _stack: contextlib.AsyncExitStack | None = None
 
     async def start(self) -> None:
@@ -146,6 +160,7 @@ class Sidecar:
         await self._started(stack, self.ports.metadata)  # closing it revokes the lease
         await self._started(stack, self.loads)
         await self._started(stack, self.registry)
+        await self._started(stack, self.maintenance)
         await self.namespaces.ensure(DEFAULT_NAMESPACE, self.config.default_namespace_bundles)
         await self._started(stack, self.session)
         await self._started(stack, self.reactor)
@@ -154,6 +169,8 @@ class Sidecar:
         await self._started(stack, self.fence)
         await self._started(stack, self.reporter)
         await self._started(stack, self.splitter)
+        await self._started(stack, self.governor)
+        await self._started(stack, self.tracker)
         await self._started(stack, self.elector)
         observer = guard(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
         stack.push_async_callback(cancel_and_wait, observer)
@@ -214,6 +231,7 @@ def build_sidecar(
         metrics=metrics,
     )
     registry = BrokerRegistry(ports.metadata, clock)
+    maintenance = MaintenanceView(ports.metadata, clock, me)
     namespaces = NamespaceService(ports.metadata, config.default_namespace_bundles)
     loads = LoadView(
         ports.broker_loads, ports.top_bundles, clock, ttl_s=config.shedding.load_data_ttl_s
@@ -224,6 +242,7 @@ def build_sidecar(
         registry=registry,
         namespaces=namespaces,
         loads=loads,
+        maintenance=maintenance,
         config=config.assignment,
         rng=rng,
         history=history,
@@ -243,6 +262,7 @@ def build_sidecar(
         link,
         registry,
         clock,
+        maintenance=maintenance,
         self_info=info,
         retry_s=timings.retry_s,
         silence_timeout_s=timings.silence_timeout_s,
@@ -255,6 +275,7 @@ def build_sidecar(
         registration,
         fence_after_s=timings.fence_after_s,
         check_interval_s=timings.fence_check_interval_s,
+        metrics=metrics,
     )
     lookup = LookupService(
         me,
@@ -274,12 +295,40 @@ def build_sidecar(
         proposer=proposer,
         registry=registry,
         namespaces=namespaces,
+        maintenance=maintenance,
         lookup=lookup,
         link=link,
         split_config=config.split,
         settle_timeout_s=timings.settle_timeout_s,
         history=history,
         metrics=metrics,
+    )
+    decisions = DecisionLog(clock, keep=config.operations.keep_decisions)
+    governor = ExecutionGovernor(follower, clock, config.governor, metrics=metrics)
+    tracker = OperationTracker(
+        follower=follower,
+        proposer=proposer,
+        registry=registry,
+        assigner=assigner,
+        governor=governor,
+        clock=clock,
+        config=config.operations,
+        settle_timeout_s=timings.settle_timeout_s,
+        decisions=decisions,
+        history=history,
+        metrics=metrics,
+        cordoned=maintenance.cordoned,
+    )
+    drainer = Drainer(
+        me,
+        maintenance=maintenance,
+        registry=registry,
+        follower=follower,
+        proposer=proposer,
+        tracker=tracker,
+        clock=clock,
+        settle_timeout_s=timings.settle_timeout_s,
+        retry_s=timings.retry_s,
     )
     unload_scheduler = UnloadScheduler(
         proposer,
@@ -294,6 +343,9 @@ def build_sidecar(
         rng=rng,
         history=history,
         destinations=assigner.move_destinations,
+        tracker=tracker,
+        operations=config.operations,
+        settle_timeout_s=timings.settle_timeout_s,
     )
     monitor = OwnershipMonitor(
         proposer,
@@ -305,9 +357,21 @@ def build_sidecar(
         config.monitor,
         handover_wait_s=timings.handover_wait_s,
         metrics=metrics,
+        governor=governor,
+        decisions=decisions,
     )
     checkpointing = CheckpointDuty(
         ports.checkpoints, follower, clock, interval_s=config.checkpoint_interval_s
+    )
+    auditor = SafetyAuditor(
+        me,
+        follower,
+        registry,
+        loads,
+        clock,
+        bounds=AuditBounds.of(config.monitor, timings.handover_wait_s),
+        interval_s=config.operations.audit_interval_s,
+        metrics=metrics,
     )
     return Sidecar(
         me=me,
@@ -319,6 +383,7 @@ def build_sidecar(
         follower=follower,
         proposer=proposer,
         registry=registry,
+        maintenance=maintenance,
         namespaces=namespaces,
         loads=loads,
         assigner=assigner,
@@ -353,6 +418,9 @@ def build_sidecar(
             host=host,
             on_death=on_death,
             stale_after_s=timings.silence_timeout_s,
+            audit=lambda: AuditData(
+                follower.table.last_position, follower.table.digest, lookup.dead_owners
+            ),
         ),
         splitter=SplitScheduler(
             me,
@@ -369,16 +437,21 @@ def build_sidecar(
         unload_scheduler=unload_scheduler,
         monitor=monitor,
         checkpointing=checkpointing,
+        auditor=auditor,
         elector=LeaderElector(
             me,
             ports.metadata,
             follower,
             clock,
-            (unload_scheduler, monitor, checkpointing),
+            (unload_scheduler, monitor, checkpointing, drainer, auditor, tracker),
             metrics=metrics,
             retry_s=timings.retry_s,
             on_death=on_death,
         ),
+        governor=governor,
+        tracker=tracker,
+        decisions=decisions,
+        drainer=drainer,
     )
 
 
@@ -387,16 +460,27 @@ def _log_expiry(error: SessionExpiredError) -> None:
 
 
 async def _count_owned(follower: ChannelFollower, metrics: Metrics, me: BrokerId) -> None:
-    """Count applied channel changes and keep ``lbd_owned_bundles`` (bundles Owned by ``me``).
+    """Count applied channel changes and keep ``lbd_owned_bundles`` (bundles Owned by ``me``)
+    and ``lbd_bundles_in_flight`` (every broker's bundles in a transient state).
 
     Kept on the event loop rather than read at scrape time: scrapes run in the HTTP server's
-    thread, which must not iterate a table the loop is changing.
+    thread, which must not iterate a table the loop is changing. The table is scanned once;
+    after that each change adjusts the counts.
     """
     changes: AsyncGenerator[ApplyResult, None] = follower.changes()
-    owned = sum(1 for _, value in follower.table.items() if owner_of(value) == me)
+    values = [value for _, value in follower.table.items()]
+    owned = sum(1 for value in values if owner_of(value) == me)
+    in_flight = sum(1 for value in values if _in_flight(value))
     metrics.owned_bundles.set(owned)
+    metrics.bundles_in_flight.set(in_flight)
     async with contextlib.aclosing(changes):
         async for change in changes:
             metrics.observe_applied(None if change.new is None else change.new.state)
             owned += int(owner_of(change.new) == me) - int(owner_of(change.old) == me)
+            in_flight += int(_in_flight(change.new)) - int(_in_flight(change.old))
             metrics.owned_bundles.set(owned)
+            metrics.bundles_in_flight.set(in_flight)
+
+
+def _in_flight(value: ServiceUnitStateData | None) -> bool:
+    return value is not None and value.state.is_in_flight

@@ -20,7 +20,14 @@ from lbd.adapters.session import SessionPolicy
 from lbd.core.errors import PreconditionError
 from lbd.core.ids import BrokerId
 from lbd.ports.errors import CasConflictError, SessionExpiredError
-from lbd.ports.metadata import Leader, MetadataStore, RegistryEvent, SessionEvent, SessionEventKind
+from lbd.ports.metadata import (
+    Leader,
+    MaintenanceEvent,
+    MetadataStore,
+    RegistryEvent,
+    SessionEvent,
+    SessionEventKind,
+)
 
 T = TypeVar("T")
 
@@ -100,6 +107,44 @@ class MetadataStoreContract:
             second: RegistryEvent = await harness.wait(anext(events), 5)
         assert (first.broker, first.value) == (B, b"b")
         assert (second.broker, second.value) == (B, None)
+        assert revision < first.revision < second.revision
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def test_maintenance_records_outlive_the_session_that_wrote_them(
+        self, harness: MetadataHarness
+    ) -> None:
+        a = await harness.store()
+        observer = await harness.store()
+        assert (await observer.list_maintenance())[0] == {}
+        first = await a.put_maintenance(A, b'{"mode": "cordoned"}')
+        second = await a.put_maintenance(A, b'{"mode": "draining"}')  # overwrites
+        await a.put_maintenance(B, b'{"mode": "cordoned"}')
+        assert 0 < first < second
+        await a.close()  # its lease goes; the records do not
+        records, revision = await observer.list_maintenance()
+        assert records == {A: b'{"mode": "draining"}', B: b'{"mode": "cordoned"}'}
+        assert revision > second
+        assert await observer.delete_maintenance(A) > revision
+        assert await observer.delete_maintenance(A) == 0  # idempotent: nothing to delete
+        assert (await observer.list_maintenance())[0] == {B: b'{"mode": "cordoned"}'}
+        assert (await observer.list_brokers())[0] == {}  # kept apart from the registry
+
+    async def test_watch_maintenance_reports_changes_after_the_revision_in_order(
+        self, harness: MetadataHarness
+    ) -> None:
+        a = await harness.store()
+        b = await harness.store()
+        await a.put_maintenance(A, b"before")
+        _, revision = await a.list_maintenance()
+        async with aclosing(a.watch_maintenance(revision)) as events:
+            await b.register_broker(B, b"b")  # another prefix: not reported
+            written = await b.put_maintenance(B, b"cordoned")
+            deleted = await b.delete_maintenance(A)
+            first: MaintenanceEvent = await harness.wait(anext(events), 5)
+            second: MaintenanceEvent = await harness.wait(anext(events), 5)
+        assert (first.broker, first.value, first.revision) == (B, b"cordoned", written)
+        assert (second.broker, second.value, second.revision) == (A, None, deleted)
         assert revision < first.revision < second.revision
 
     # -- namespaces ---------------------------------------------------------------------------

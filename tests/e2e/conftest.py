@@ -188,11 +188,13 @@ def _ctl_env(record: DevCluster) -> dict[str, str]:
 
 
 def start_cluster(
-    state_dir: Path, brokers: int = 3, *settings: str, secure: bool = SECURE
+    state_dir: Path, brokers: int = 3, *settings: str, secure: bool = SECURE, traffic: bool = False
 ) -> Cluster:
     args = ["dev", "up", "--brokers", str(brokers), "--state-dir", str(state_dir)]
     if secure:
         args.append("--secure")
+    if traffic:
+        args.append("--traffic")
     for s in settings:
         args += ["--set", s]
     started = lbd(*args)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench import sidecar_bench
+from bench import operating_bench, sidecar_bench
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -15,3 +15,14 @@ def test_the_sidecar_benchmark_measures_lookups_assignments_and_failover() -> No
     # Orphans move only after the dev cluster's 7 s cleanup grace; a new leader after its 3 s TTL.
     assert 5.6 <= result["failover_orphans_owned_again_s"] < 30
     assert 0 < result["failover_new_leader_s"] < 15
+
+
+def test_the_operating_benchmark_measures_unavailability_and_a_drain() -> None:
+    result = operating_bench.run(transfers=10, drain=20)
+    assert result["transfers"] == 10
+    assert 0 <= result["unavailable_p50_ms"] <= result["unavailable_p99_ms"]
+    # A hand-over takes milliseconds on loopback, far below the call that waits for it.
+    assert result["unavailable_p99_ms"] < 1000
+    assert result["drain_bundles"] >= 20 and result["drain_left_on_broker"] == 0
+    # The default governor: at most 4 moves in flight at the drained broker.
+    assert 1 <= result["drain_peak_in_flight"] <= 4

@@ -26,13 +26,20 @@ from lbd.core.errors import PreconditionError
 from lbd.core.ids import BrokerId
 from lbd.ports.clock import Clock
 from lbd.ports.errors import CasConflictError, UnavailableError
-from lbd.ports.metadata import Leader, RegistryEvent, SessionEvent, Versioned
+from lbd.ports.metadata import (
+    Leader,
+    MaintenanceEvent,
+    RegistryEvent,
+    SessionEvent,
+    Versioned,
+)
 
 T = TypeVar("T")
 
 _BROKERS = "brokers/"
 _LEADER = "leader/"
 _NAMESPACES = "namespaces/"
+_MAINTENANCE = "maintenance/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +347,29 @@ class MemoryMetadataStore:
             )
         except CasConflictError as e:
             raise CasConflictError(namespace, e.expected, e.actual) from None
+
+    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
+        """Every maintenance record and the revision."""
+        found, revision = self._call(lambda: self._cluster.list(_MAINTENANCE))
+        return {BrokerId(k[len(_MAINTENANCE) :]): r.value for k, r in found.items()}, revision
+
+    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
+        """Write ``maintenance/<broker>`` under no lease; the revision of the write."""
+        return self._call(lambda: self._cluster.put(_MAINTENANCE + broker, value))
+
+    async def delete_maintenance(self, broker: BrokerId) -> int:
+        """Delete ``maintenance/<broker>`` (idempotent); the revision of the delete (0: none)."""
+        key = _MAINTENANCE + broker
+        if self._call(lambda: self._cluster.get(key)) is None:
+            return 0
+        self._cluster.delete(key)
+        return self._cluster.revision
+
+    async def watch_maintenance(self, after_revision: int) -> AsyncIterator[MaintenanceEvent]:
+        """Maintenance changes after ``after_revision``."""
+        async for change in self._follow(_MAINTENANCE, after_revision):
+            broker = BrokerId(change.key[len(_MAINTENANCE) :])
+            yield MaintenanceEvent(broker, change.value, change.revision)
 
     def _call(self, op: Callable[[], T]) -> T:
         try:

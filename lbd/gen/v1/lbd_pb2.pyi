@@ -18,6 +18,25 @@ class BundleState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BUNDLE_STATE_RELEASING: _ClassVar[BundleState]
     BUNDLE_STATE_SPLITTING: _ClassVar[BundleState]
     BUNDLE_STATE_DELETED: _ClassVar[BundleState]
+
+class MoveState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MOVE_STATE_UNSPECIFIED: _ClassVar[MoveState]
+    MOVE_STATE_PENDING: _ClassVar[MoveState]
+    MOVE_STATE_IN_FLIGHT: _ClassVar[MoveState]
+    MOVE_STATE_DONE: _ClassVar[MoveState]
+    MOVE_STATE_FAILED: _ClassVar[MoveState]
+    MOVE_STATE_SKIPPED: _ClassVar[MoveState]
+    MOVE_STATE_CANCELLED: _ClassVar[MoveState]
+
+class OperationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPERATION_STATE_UNSPECIFIED: _ClassVar[OperationState]
+    OPERATION_STATE_RUNNING: _ClassVar[OperationState]
+    OPERATION_STATE_CANCELLING: _ClassVar[OperationState]
+    OPERATION_STATE_SUCCEEDED: _ClassVar[OperationState]
+    OPERATION_STATE_FAILED: _ClassVar[OperationState]
+    OPERATION_STATE_CANCELLED: _ClassVar[OperationState]
 BUNDLE_STATE_UNSPECIFIED: BundleState
 BUNDLE_STATE_INIT: BundleState
 BUNDLE_STATE_FREE: BundleState
@@ -26,6 +45,19 @@ BUNDLE_STATE_ASSIGNING: BundleState
 BUNDLE_STATE_RELEASING: BundleState
 BUNDLE_STATE_SPLITTING: BundleState
 BUNDLE_STATE_DELETED: BundleState
+MOVE_STATE_UNSPECIFIED: MoveState
+MOVE_STATE_PENDING: MoveState
+MOVE_STATE_IN_FLIGHT: MoveState
+MOVE_STATE_DONE: MoveState
+MOVE_STATE_FAILED: MoveState
+MOVE_STATE_SKIPPED: MoveState
+MOVE_STATE_CANCELLED: MoveState
+OPERATION_STATE_UNSPECIFIED: OperationState
+OPERATION_STATE_RUNNING: OperationState
+OPERATION_STATE_CANCELLING: OperationState
+OPERATION_STATE_SUCCEEDED: OperationState
+OPERATION_STATE_FAILED: OperationState
+OPERATION_STATE_CANCELLED: OperationState
 
 class BrokerInfo(_message.Message):
     __slots__ = ("broker_id", "service_url", "service_url_tls", "web_service_url", "version", "start_time_ms", "sidecar_grpc_addr")
@@ -304,14 +336,16 @@ class ListBrokersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("info", "leader", "owned_bundles")
+    __slots__ = ("info", "leader", "owned_bundles", "maintenance")
     INFO_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     OWNED_BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    MAINTENANCE_FIELD_NUMBER: _ClassVar[int]
     info: BrokerInfo
     leader: bool
     owned_bundles: int
-    def __init__(self, info: _Optional[_Union[BrokerInfo, _Mapping]] = ..., leader: _Optional[bool] = ..., owned_bundles: _Optional[int] = ...) -> None: ...
+    maintenance: str
+    def __init__(self, info: _Optional[_Union[BrokerInfo, _Mapping]] = ..., leader: _Optional[bool] = ..., owned_bundles: _Optional[int] = ..., maintenance: _Optional[str] = ...) -> None: ...
 
 class ListBrokersResponse(_message.Message):
     __slots__ = ("brokers",)
@@ -446,16 +480,234 @@ class UnloadDecision(_message.Message):
     def __init__(self, bundle: _Optional[str] = ..., src_broker_id: _Optional[str] = ..., dst_broker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RebalanceResponse(_message.Message):
-    __slots__ = ("decisions", "skip_reason", "avg", "std")
+    __slots__ = ("decisions", "skip_reason", "avg", "std", "plan", "operation_id")
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     SKIP_REASON_FIELD_NUMBER: _ClassVar[int]
     AVG_FIELD_NUMBER: _ClassVar[int]
     STD_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[UnloadDecision]
     skip_reason: str
     avg: float
     std: float
-    def __init__(self, decisions: _Optional[_Iterable[_Union[UnloadDecision, _Mapping]]] = ..., skip_reason: _Optional[str] = ..., avg: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
+    plan: Plan
+    operation_id: str
+    def __init__(self, decisions: _Optional[_Iterable[_Union[UnloadDecision, _Mapping]]] = ..., skip_reason: _Optional[str] = ..., avg: _Optional[float] = ..., std: _Optional[float] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., operation_id: _Optional[str] = ...) -> None: ...
+
+class Move(_message.Message):
+    __slots__ = ("bundle", "src_broker_id", "dst_broker_id", "reason", "state", "error", "started_at_ms", "ended_at_ms", "unavailable_ms", "msg_throughput", "sessions")
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    SRC_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    MSG_THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    bundle: str
+    src_broker_id: str
+    dst_broker_id: str
+    reason: str
+    state: MoveState
+    error: str
+    started_at_ms: int
+    ended_at_ms: int
+    unavailable_ms: float
+    msg_throughput: float
+    sessions: int
+    def __init__(self, bundle: _Optional[str] = ..., src_broker_id: _Optional[str] = ..., dst_broker_id: _Optional[str] = ..., reason: _Optional[str] = ..., state: _Optional[_Union[MoveState, str]] = ..., error: _Optional[str] = ..., started_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., unavailable_ms: _Optional[float] = ..., msg_throughput: _Optional[float] = ..., sessions: _Optional[int] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("id", "strategy", "moves", "avg", "std_before", "std_after", "bytes_to_move", "sessions_to_move", "created_at_ms", "expires_at_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    AVG_FIELD_NUMBER: _ClassVar[int]
+    STD_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    STD_AFTER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_TO_MOVE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    strategy: str
+    moves: _containers.RepeatedCompositeFieldContainer[Move]
+    avg: float
+    std_before: float
+    std_after: float
+    bytes_to_move: float
+    sessions_to_move: int
+    created_at_ms: int
+    expires_at_ms: int
+    def __init__(self, id: _Optional[str] = ..., strategy: _Optional[str] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., avg: _Optional[float] = ..., std_before: _Optional[float] = ..., std_after: _Optional[float] = ..., bytes_to_move: _Optional[float] = ..., sessions_to_move: _Optional[int] = ..., created_at_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("id", "kind", "description", "state", "moves", "created_at_ms", "ended_at_ms", "error", "broker_id", "plan_id", "moves_done", "moves_left")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVES_DONE_FIELD_NUMBER: _ClassVar[int]
+    MOVES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    description: str
+    state: OperationState
+    moves: _containers.RepeatedCompositeFieldContainer[Move]
+    created_at_ms: int
+    ended_at_ms: int
+    error: str
+    broker_id: str
+    plan_id: str
+    moves_done: int
+    moves_left: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., description: _Optional[str] = ..., state: _Optional[_Union[OperationState, str]] = ..., moves: _Optional[_Iterable[_Union[Move, _Mapping]]] = ..., created_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., error: _Optional[str] = ..., broker_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., moves_done: _Optional[int] = ..., moves_left: _Optional[int] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("plan_id",)
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    def __init__(self, plan_id: _Optional[str] = ...) -> None: ...
+
+class ListOperationsRequest(_message.Message):
+    __slots__ = ("active_only",)
+    ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    active_only: bool
+    def __init__(self, active_only: _Optional[bool] = ...) -> None: ...
+
+class ListOperationsResponse(_message.Message):
+    __slots__ = ("operations",)
+    OPERATIONS_FIELD_NUMBER: _ClassVar[int]
+    operations: _containers.RepeatedCompositeFieldContainer[Operation]
+    def __init__(self, operations: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ...) -> None: ...
+
+class GetOperationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class WatchOperationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CancelOperationRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CordonRequest(_message.Message):
+    __slots__ = ("broker_id", "reason")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    reason: str
+    def __init__(self, broker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class UncordonRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    def __init__(self, broker_id: _Optional[str] = ...) -> None: ...
+
+class MaintenanceResponse(_message.Message):
+    __slots__ = ("broker_id", "maintenance")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAINTENANCE_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    maintenance: str
+    def __init__(self, broker_id: _Optional[str] = ..., maintenance: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    def __init__(self, broker_id: _Optional[str] = ...) -> None: ...
+
+class DecommissionRequest(_message.Message):
+    __slots__ = ("broker_id",)
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_id: str
+    def __init__(self, broker_id: _Optional[str] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("kind", "bundle", "broker_id", "detail", "action", "since_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    bundle: str
+    broker_id: str
+    detail: str
+    action: str
+    since_ms: int
+    def __init__(self, kind: _Optional[str] = ..., bundle: _Optional[str] = ..., broker_id: _Optional[str] = ..., detail: _Optional[str] = ..., action: _Optional[str] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class AuditRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AuditResponse(_message.Message):
+    __slots__ = ("findings", "checked_at_ms", "bundles_checked", "sidecars_compared")
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    SIDECARS_COMPARED_FIELD_NUMBER: _ClassVar[int]
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    checked_at_ms: int
+    bundles_checked: int
+    sidecars_compared: int
+    def __init__(self, findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., checked_at_ms: _Optional[int] = ..., bundles_checked: _Optional[int] = ..., sidecars_compared: _Optional[int] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("at_ms", "kind", "bundle", "src_broker_id", "dst_broker_id", "reason", "source", "operation_id")
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    SRC_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    at_ms: int
+    kind: str
+    bundle: str
+    src_broker_id: str
+    dst_broker_id: str
+    reason: str
+    source: str
+    operation_id: str
+    def __init__(self, at_ms: _Optional[int] = ..., kind: _Optional[str] = ..., bundle: _Optional[str] = ..., src_broker_id: _Optional[str] = ..., dst_broker_id: _Optional[str] = ..., reason: _Optional[str] = ..., source: _Optional[str] = ..., operation_id: _Optional[str] = ...) -> None: ...
+
+class ListDecisionsRequest(_message.Message):
+    __slots__ = ("since_ms", "limit")
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    since_ms: int
+    limit: int
+    def __init__(self, since_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDecisionsResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ()

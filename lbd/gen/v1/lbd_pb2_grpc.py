@@ -258,6 +258,61 @@ class AdminStub:
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
+        self.Execute = channel.unary_unary(
+                '/lbd.v1.Admin/Execute',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.ListOperations = channel.unary_unary(
+                '/lbd.v1.Admin/ListOperations',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.ListOperationsRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.ListOperationsResponse.FromString,
+                _registered_method=True)
+        self.GetOperation = channel.unary_unary(
+                '/lbd.v1.Admin/GetOperation',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.WatchOperation = channel.unary_stream(
+                '/lbd.v1.Admin/WatchOperation',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.WatchOperationRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.CancelOperation = channel.unary_unary(
+                '/lbd.v1.Admin/CancelOperation',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.CancelOperationRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/lbd.v1.Admin/Cordon',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.CordonRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/lbd.v1.Admin/Uncordon',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.UncordonRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/lbd.v1.Admin/Drain',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.DrainRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.Decommission = channel.unary_unary(
+                '/lbd.v1.Admin/Decommission',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.DecommissionRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+                _registered_method=True)
+        self.Audit = channel.unary_unary(
+                '/lbd.v1.Admin/Audit',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.AuditRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.AuditResponse.FromString,
+                _registered_method=True)
+        self.ListDecisions = channel.unary_unary(
+                '/lbd.v1.Admin/ListDecisions',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.ListDecisionsRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.ListDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -349,6 +404,82 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Execute(self, request, context):
+        """Execute a plan Rebalance returned with dry_run (on the leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOperations(self, request, context):
+        """The leader's operations: plan executions, drains, decommissions, admin moves, shedding.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOperation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchOperation(self, request, context):
+        """The operation now, then again after each change, until it has finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelOperation(self, request, context):
+        """Stop scheduling the operation's moves; the in-flight ones finish.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cordon(self, request, context):
+        """Keep new bundles off a broker (its bundles stay).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Back in service: new bundles may go to it again; a drain in progress stops.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Cordon a broker and move every bundle off it under the execution governor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decommission(self, request, context):
+        """Drain a broker, then deregister it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Audit(self, request, context):
+        """The safety auditor's findings (on the leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDecisions(self, request, context):
+        """Recent decisions with their reasons (on the leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -411,6 +542,61 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Snapshot,
                     request_deserializer=lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.FromString,
                     response_serializer=lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'Execute': grpc.unary_unary_rpc_method_handler(
+                    servicer.Execute,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.ExecuteRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'ListOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOperations,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.ListOperationsRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.ListOperationsResponse.SerializeToString,
+            ),
+            'GetOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOperation,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.GetOperationRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'WatchOperation': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchOperation,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.WatchOperationRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'CancelOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelOperation,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.CancelOperationRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.CordonRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.UncordonRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.DrainRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'Decommission': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decommission,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.DecommissionRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.Operation.SerializeToString,
+            ),
+            'Audit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Audit,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.AuditRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.AuditResponse.SerializeToString,
+            ),
+            'ListDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDecisions,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.ListDecisionsRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.ListDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -739,6 +925,303 @@ class Admin:
             '/lbd.v1.Admin/Snapshot',
             lbd_dot_v1_dot_lbd__pb2.SnapshotRequest.SerializeToString,
             lbd_dot_v1_dot_lbd__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Execute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Execute',
+            lbd_dot_v1_dot_lbd__pb2.ExecuteRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/ListOperations',
+            lbd_dot_v1_dot_lbd__pb2.ListOperationsRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.ListOperationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/GetOperation',
+            lbd_dot_v1_dot_lbd__pb2.GetOperationRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lbd.v1.Admin/WatchOperation',
+            lbd_dot_v1_dot_lbd__pb2.WatchOperationRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/CancelOperation',
+            lbd_dot_v1_dot_lbd__pb2.CancelOperationRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Cordon',
+            lbd_dot_v1_dot_lbd__pb2.CordonRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Uncordon',
+            lbd_dot_v1_dot_lbd__pb2.UncordonRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.MaintenanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Drain',
+            lbd_dot_v1_dot_lbd__pb2.DrainRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decommission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Decommission',
+            lbd_dot_v1_dot_lbd__pb2.DecommissionRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Audit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/Audit',
+            lbd_dot_v1_dot_lbd__pb2.AuditRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.AuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/ListDecisions',
+            lbd_dot_v1_dot_lbd__pb2.ListDecisionsRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.ListDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

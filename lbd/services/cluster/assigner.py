@@ -3,7 +3,9 @@
 Lookups, the Admin Assign call and the leader's orphan and stuck-state repair all come here, so
 every assignment passes the same filters (:func:`lbd.core.assign.select_broker`): max topics per
 broker, the required broker version, the cluster's namespace isolation policies and the
-anti-affinity groups, then least resource usage among the brokers with fresh load data.
+anti-affinity groups, then least resource usage among the brokers with fresh load data. A
+cordoned broker (:mod:`lbd.services.cluster.maintenance`) is never chosen, and an explicit
+assignment to one is refused.
 
 What happens after the proposal is the destination's business: its sidecar's ownership reactor
 (:mod:`lbd.services.sidecar.ownership`) sees ``Assigning(dst=it)``, tells its broker to Own the
@@ -36,6 +38,7 @@ from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.loads import LoadView
+from lbd.services.cluster.maintenance import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 
@@ -53,11 +56,13 @@ class Assigner:
         registry: BrokerRegistry,
         namespaces: NamespaceService,
         loads: LoadView,
+        maintenance: MaintenanceView,
         config: AssignmentConfig,
         rng: random.Random,
         history: HistoryRecorder,
     ) -> None:
         self._follower = follower
+        self._maintenance = maintenance
         self._proposer = proposer
         self._registry = registry
         self._namespaces = namespaces
@@ -77,10 +82,12 @@ class Assigner:
         exclude: Collection[BrokerId] = (),
     ) -> Selection:
         """Choose a broker for ``bundle`` among ``among`` (default: every registered broker)
-        less ``exclude``; ``avoid`` is left out too unless it is the only one left.
+        less ``exclude`` and the cordoned ones; ``avoid`` is left out too unless it is the only
+        one left.
 
         Raises UnavailableError when no broker passes the filters (the reason says which
-        filter left none), NotFoundError when the bundle's namespace does not exist.
+        filter left none, or names the cordons), NotFoundError when the bundle's namespace does
+        not exist.
         """
         records = await self._namespaces.list()
         return self._choose(bundle, records, among=among, avoid=avoid, exclude=exclude)
@@ -90,23 +97,30 @@ class Assigner:
     ) -> dict[BundleId, frozenset[BrokerId]]:
         """For each of ``bundles`` that a placement rule binds, the registered brokers it may
         move to: the assignment filters (max topics, version, isolation, anti-affinity), with
-        the bundle itself left out of the anti-affinity counts. Bundles no rule binds (and those
-        of a namespace that no longer exists) are left out: they may go anywhere."""
+        the bundle itself left out of the anti-affinity counts, and never a cordoned broker.
+        Bundles no rule binds (and those of a namespace that no longer exists) are left out:
+        they may go anywhere. While some broker is cordoned, every bundle is listed (with the
+        brokers left: it may go to none of the cordoned)."""
         records = await self._namespaces.list()
         isolated = any(r.policies.isolation is not None for r in records)
         loads = self._loads.brokers()
-        candidates = self._candidates(dict(self._registry.brokers()), loads)
-        everyone = frozenset(c.broker for c in candidates)
+        cordoned = self._maintenance.cordoned()
+        registered = self._registry.brokers()
+        candidates = self._candidates(
+            {b: i for b, i in registered.items() if b not in cordoned}, loads
+        )
+        everyone = frozenset(registered)
+        open_ = frozenset(c.broker for c in candidates)
         owners = self._follower.table.owners()
         out: dict[BundleId, frozenset[BrokerId]] = {}
         for bundle in bundles:
             namespace = parse_bundle_id(bundle).namespace
             record = next((r for r in records if r.name == namespace), None)
-            if record is None:
+            if record is None or (not isolated and record.policies.anti_affinity_group is None):
+                if open_ != everyone:  # no rule binds it, but the cordons do
+                    out[bundle] = open_
                 continue
             policies = record.policies
-            if not isolated and policies.anti_affinity_group is None:
-                continue
             placement = self._placement(record, records)
             if policies.anti_affinity_group is not None:
                 others = {b: o for b, o in owners.items() if b != bundle}
@@ -148,6 +162,15 @@ class Assigner:
         brokers = dict(self._registry.brokers() if among is None else among)
         for broker in exclude:
             brokers.pop(broker, None)
+        cordons = [c for b, c in sorted(self._maintenance.records().items()) if b in brokers]
+        for cordon in cordons:
+            del brokers[cordon.broker]
+        if not brokers and cordons:
+            raise UnavailableError(
+                f"no broker can take {bundle}: every candidate is cordoned ("
+                + "; ".join(f"{c.broker} {c.describe()}" for c in cordons)
+                + "); uncordon one or add a broker"
+            )
         if avoid is not None and len(brokers) > 1:
             brokers.pop(avoid, None)
         record = _record_of(bundle, records)
@@ -173,12 +196,15 @@ class Assigner:
         layout (it was split: the caller reads the layout again).
 
         Raises UnavailableError in safe mode (the registry cannot be trusted to say who is alive)
-        or when no broker can take it, NotFoundError when the namespace does not exist.
+        or when no broker can take it, NotFoundError when the namespace does not exist,
+        PreconditionError when ``dst`` is cordoned.
         """
         if not self._registry.reachable:
             raise UnavailableError(
                 f"metadata store unreachable (safe mode): no new assignment of {bundle}"
             )
+        if dst is not None:
+            self._maintenance.refuse_cordoned(dst, f"assignment of {bundle} to {dst}")
         parsed = parse_bundle_id(bundle)
         # A layout read before a split may still hold the parent, whose value may even have
         # been tombstoned since: never assign a bundle the layout does not hold now.

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
+from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.tuning import MonitorConfig
@@ -45,6 +46,8 @@ from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.leader.decisions import DecisionLog
+from lbd.services.leader.governor import ExecutionGovernor
 
 _log = logging.getLogger(__name__)
 
@@ -112,8 +115,14 @@ class OwnershipMonitor:
         *,
         handover_wait_s: float,
         metrics: Metrics,
+        governor: ExecutionGovernor,
+        decisions: DecisionLog,
     ) -> None:
-        """``handover_wait_s``: see :attr:`lbd.core.tuning.SidecarTimings.handover_wait_s`."""
+        """``handover_wait_s``: see :attr:`lbd.core.tuning.SidecarTimings.handover_wait_s`;
+        an orphan's move to its new broker waits for a slot of ``governor``'s recovery
+        budget; every fix is recorded in ``decisions``."""
+        self._governor = governor
+        self._decisions = decisions
         self._proposer = proposer
         self._follower = follower
         self._registry = registry
@@ -181,6 +190,14 @@ class OwnershipMonitor:
                     fix.reason,
                 )
                 self._count(fix.kind, SUCCESS)
+                self._decisions.record(
+                    fix.kind,
+                    fix.bundle,
+                    reason=fix.reason,
+                    source="monitor",
+                    src=server_of(value),
+                    dst=fix.dst,
+                )
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
         return SweepReport(
@@ -280,9 +297,21 @@ class OwnershipMonitor:
             dst = selection.broker
             reason = f"{reason}; {selection.reason}"
         reason = f"{reason}; announced {announced_s:.0f}s ago (hand-over wait {wait_s:g}s)"
-        return await self._force(
-            bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
-        )
+        # The recovery budget paces what lands on each broker at once.
+        # A bundle whose move (a drain's, say) was under way keeps that move's slot, which the
+        # bundle gives back when it settles; waiting for a second slot would wait for itself.
+        slot = None
+        if not self._governor.holds(bundle):
+            slot = await self._governor.admit(Ticket(bundle, None, dst, MoveKind.RECOVERY))
+        assigned: Fix | None = None
+        try:
+            assigned = await self._force(
+                bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
+            )
+        finally:
+            if assigned is None and slot is not None:
+                slot.release()  # nothing was written: the slot is not in use
+        return assigned
 
     async def _unstick(
         self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, reason: str

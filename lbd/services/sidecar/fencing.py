@@ -29,6 +29,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from lbd.core.state import server_of
+from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
@@ -56,6 +57,7 @@ class Fence:
         *,
         fence_after_s: float,
         check_interval_s: float,
+        metrics: Metrics,
     ) -> None:
         if fence_after_s <= 0 or check_interval_s <= 0:
             raise ValueError(
@@ -69,6 +71,7 @@ class Fence:
         self._registration = registration
         self._fence_after_s = fence_after_s
         self._check_interval_s = check_interval_s
+        self._metrics = metrics
         self._fenced = False
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: set[asyncio.Queue[bool]] = set()
@@ -172,6 +175,7 @@ class Fence:
         if not (lease or channel) and not self._fenced:
             self._set(True)
             self.fencings += 1
+            self._metrics.fence_total.inc()
             reason = (
                 f"lease not renewed for {self._lease_stale_s():.1f}s and no channel read "
                 f"barrier for {self._barrier_age_s():.1f}s (fence_after_s {self._fence_after_s:g})"
@@ -213,6 +217,7 @@ class Fence:
 
     def _set(self, fenced: bool) -> None:
         self._fenced = fenced
+        self._metrics.fenced.set(1 if fenced else 0)
         for queue in self._subscribers:
             queue.put_nowait(fenced)
 

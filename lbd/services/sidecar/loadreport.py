@@ -7,7 +7,8 @@ Every ``load_report.interval_s`` it takes the broker's usage — from the broker
 keyed by broker id. Alongside, the ``load_report.top_bundles`` busiest
 bundles of the report go on the top-bundles store, which the leader's shedder reads. Readers apply
 a TTL, so a sidecar that stops reporting drops out of their view on its own; on close it also
-deletes its keys so that they do not wait for the TTL.
+deletes its keys so that they do not wait for the TTL. Each load data also carries what the
+leader's safety auditor compares (the table's position and digest, the dead-owner lookups).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
+from lbd.core.audit import AuditData
 from lbd.core.broker import LoadReport
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
@@ -76,9 +78,11 @@ class LoadReporter:
         host: UsageSampler | None = None,
         on_death: Callable[[str, BaseException], None] | None = None,
         stale_after_s: float = 30.0,
+        audit: Callable[[], AuditData] | None = None,
     ) -> None:
         """Every ``interval_s`` publish the load and the ``top_bundles`` busiest bundles;
-        ``host`` measures the host while no broker reports (default: this machine's /proc)."""
+        ``host`` measures the host while no broker reports (default: this machine's /proc);
+        ``audit`` gives what each report carries for the safety auditor (None: nothing)."""
         self._me = me
         self._history = history
         self._link = link
@@ -91,6 +95,7 @@ class LoadReporter:
         self._host = host if host is not None else HostLoadSampler()
         self._metrics = metrics
         self._on_death = on_death
+        self._audit = audit
         self._data: BrokerLoadData | None = None
         self._task: asyncio.Task[None] | None = None
         self._published = False
@@ -130,7 +135,8 @@ class LoadReporter:
         usage, bundles = self._measure()
         now = self._clock.now_ms()
         previous = self._data if self._data is not None else BrokerLoadData(self._me)
-        data = replace(previous.update(usage, self._weights, now), reported_at_ms=now)
+        audit = None if self._audit is None else self._audit()
+        data = replace(previous.update(usage, self._weights, now), reported_at_ms=now, audit=audit)
         self._data = data
         self._metrics.observe_broker_load(data)
         self._history.record_broker_load(data)

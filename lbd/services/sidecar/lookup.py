@@ -13,6 +13,10 @@ found Deleted was split: the namespace layout is read again and the lookup retri
 
 Safe mode (metadata store unreachable): Owned bundles are still answered from the table, but no
 new assignment is made (UnavailableError). A fenced sidecar never answers with its own broker.
+
+An answer whose owner is missing from the registry (it left, and the leader has not moved its
+bundles yet; or this sidecar's registry is behind) is counted (``lbd_lookup_dead_owner_total``,
+:attr:`LookupService.dead_owners`), for the leader's safety auditor.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from lbd.core.audit import DeadOwnerAnswers
 from lbd.core.broker import BrokerInfo
 from lbd.core.errors import DeadlineError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
@@ -87,6 +92,12 @@ class LookupService:
         self._clock = clock
         self._settle_timeout_s = settle_timeout_s
         self._shared: dict[BundleId, asyncio.Task[None]] = {}
+        self._dead_owners = DeadOwnerAnswers()
+
+    @property
+    def dead_owners(self) -> DeadOwnerAnswers:
+        """The lookups answered with an owner missing from the registry, and the latest one."""
+        return self._dead_owners
 
     @property
     def settle_timeout_s(self) -> float:
@@ -136,7 +147,16 @@ class LookupService:
                 "lease could not be renewed): ask another sidecar"
             )
         info = None if owner is None else self._registry.get(owner)
+        if owner is not None and info is None:
+            self._answered_dead_owner(bundle, owner)
         return LookupResult(bundle, value.state, info, owner)
+
+    def _answered_dead_owner(self, bundle: BundleId, owner: BrokerId) -> None:
+        since = self._registry.absent_since(owner)
+        away_s = None if since is None else self._clock.monotonic() - since
+        self._dead_owners = self._dead_owners.answered(bundle, owner, away_s)
+        self._metrics.lookup_dead_owner.inc()
+        _log.debug("lookup of %s answered with %s, which is not registered", bundle, owner)
 
     async def _settle_shared(self, bundle: BundleId) -> None:
         """Wait for ``bundle`` to settle, in one task shared by every lookup of it."""

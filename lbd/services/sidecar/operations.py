@@ -4,7 +4,8 @@ Each one checks the request against the table, the registry and the namespace la
 writing anything, so a bad request changes nothing: InvalidInputError (malformed),
 NotFoundError (unknown bundle or broker), PreconditionError (the bundle's state does not allow
 it). Then it proposes the first step of the flow (DESIGN §4) and waits, within the settle
-deadline, until the flow has finished: the owners' sidecars carry out the rest.
+deadline, until the flow has finished: the owners' sidecars carry out the rest. No bundle is
+assigned or transferred to a cordoned broker (PreconditionError naming the cordon).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
+from lbd.services.cluster.maintenance import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink
@@ -62,6 +64,7 @@ class Operations:
         proposer: Proposer,
         registry: BrokerRegistry,
         namespaces: NamespaceService,
+        maintenance: MaintenanceView,
         lookup: LookupService,
         link: BrokerLink,
         split_config: SplitConfig,
@@ -76,6 +79,7 @@ class Operations:
         self._proposer = proposer
         self._registry = registry
         self._namespaces = namespaces
+        self._maintenance = maintenance
         self._lookup = lookup
         self._link = link
         self._split_config = split_config
@@ -99,6 +103,8 @@ class Operations:
                 )
             assert owner is not None  # an Owned value names its owner
             return owner
+        if dst is not None:
+            self._maintenance.refuse_cordoned(dst, f"assignment of {bundle} to {dst}")
         self._not_in_flight(bundle, value)
         settled = await self._lookup.assign(bundle, dst)
         assert settled.dst_broker is not None
@@ -109,12 +115,7 @@ class Operations:
 
         The source broker releases it before the destination is told to own it.
         """
-        value = await self._known(bundle)
-        self._registered(dst)
-        owner = self._owner(bundle, value)
-        if dst == owner:
-            raise PreconditionError(f"bundle {bundle} is already owned by {dst}")
-        self._reachable(f"transfer {bundle}")
+        owner = await self.check_transfer(bundle, dst)
         started = self._proposer.clock.monotonic()
         await self._first_step(bundle, _S.Releasing, dst=dst, src=owner)
         self._record("transfer", bundle, src=owner, dst=dst)
@@ -133,10 +134,25 @@ class Operations:
         _log.info("transferred %s from %s to %s", bundle, owner, dst)
         return owner, dst
 
+    async def check_transfer(self, bundle: BundleId, dst: BrokerId) -> BrokerId:
+        """The owner of ``bundle``, if it may be transferred to ``dst`` now (the checks of
+        :meth:`transfer`, which the leader runs before it executes an admin move)."""
+        value = await self._known(bundle)
+        self._registered(dst)
+        owner = self._owner(bundle, value)
+        if dst == owner:
+            raise PreconditionError(f"bundle {bundle} is already owned by {dst}")
+        self._maintenance.refuse_cordoned(dst, f"transfer of {bundle} to {dst}")
+        self._reachable(f"transfer {bundle}")
+        return owner
+
+    async def check_unload(self, bundle: BundleId) -> BrokerId:
+        """The owner of ``bundle``, if it may be unloaded now (the checks of :meth:`unload`)."""
+        return self._owner(bundle, await self._known(bundle))
+
     async def unload(self, bundle: BundleId) -> BrokerId:
         """Unload an Owned bundle (it becomes Free; the next lookup assigns it); its old owner."""
-        value = await self._known(bundle)
-        owner = self._owner(bundle, value)
+        owner = await self.check_unload(bundle)
         started = self._proposer.clock.monotonic()
         await self._first_step(bundle, _S.Releasing, src=owner)
         self._record("unload", bundle, src=owner)

@@ -263,6 +263,11 @@ class OwnershipReactor:
         if not await self._link.own(bundle):
             _log.warning("broker %s did not take %s; it stays Assigning", self._me, bundle)
             return
+        if value.source_broker is not None and value.timestamp_ms > 0 and not value.force:
+            # A transfer: its source wrote this Assigning right after its broker acknowledged
+            # the Release; nobody served the bundle from then until this acknowledgement.
+            unserved_ms = max(0, self._clock.now_ms() - value.timestamp_ms)
+            self._metrics.transfer_unavailable.observe(unserved_ms / 1000)
         won = await self._propose_next(
             bundle, value, _S.Owned, dst=self._me, src=value.source_broker
         )

@@ -16,6 +16,11 @@ after a channel read barrier that began once the new registration was written
 A registration that meets an outage is retried every ``retry_s`` until it lands; the lease it
 lives under is the metadata session's (:mod:`lbd.adapters.session`), which re-registers it by
 itself after a lease loss.
+
+A broker whose maintenance record says ``decommissioned`` (the leader drained it and ended its
+service, :mod:`lbd.services.leader.maintenance`) is deregistered when the record appears and is
+not registered again, whatever its link does, until the record is cleared (uncordon): then it is
+registered as the link says.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from lbd.core.broker import BrokerInfo
+from lbd.core.maintenance import MaintenanceMode
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
+from lbd.services.cluster.maintenance import MaintenanceChange, MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
 from lbd.tasks import cancel_and_wait, guard
@@ -45,6 +52,7 @@ class BrokerRegistration:
         registry: BrokerRegistry,
         clock: Clock,
         *,
+        maintenance: MaintenanceView,
         self_info: BrokerInfo,
         retry_s: float,
         silence_timeout_s: float,
@@ -54,6 +62,9 @@ class BrokerRegistration:
         self._link = link
         self._registry = registry
         self._clock = clock
+        self._maintenance = maintenance
+        self._held = False
+        """A registration was withheld (or removed) because the broker is decommissioned."""
         self._self_info = self_info
         self._retry_s = retry_s
         self._silence_timeout_s = silence_timeout_s
@@ -61,6 +72,7 @@ class BrokerRegistration:
         self._registered_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._records: asyncio.Task[None] | None = None
         self._registration: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -68,8 +80,10 @@ class BrokerRegistration:
         if self._task is not None:
             return
         events = self._link.events()
+        records = self._maintenance.changes()
         self._task = guard(self._follow(events), name=f"registration-{self._link.me}")
         self._watch = guard(self._watch_silence(), name=f"silence-{self._link.me}")
+        self._records = guard(self._follow_records(records), name=f"decommission-{self._link.me}")
         if self._link.auto_ack and not self._link.attached:
             self._register(self._self_info)
 
@@ -77,9 +91,11 @@ class BrokerRegistration:
         """Stop following (the registration stays until the lease goes). Idempotent."""
         task, self._task = self._task, None
         watch, self._watch = self._watch, None
+        records, self._records = self._records, None
         registration, self._registration = self._registration, None
         await cancel_and_wait(task)
         await cancel_and_wait(watch)
+        await cancel_and_wait(records)
         await cancel_and_wait(registration)
 
     async def __aenter__(self) -> BrokerRegistration:
@@ -143,7 +159,40 @@ class BrokerRegistration:
                     else:
                         await self.deregister()
 
+    async def _follow_records(self, changes: AsyncGenerator[MaintenanceChange, None]) -> None:
+        async with contextlib.aclosing(changes):
+            async for change in changes:
+                if change.broker != self._link.me:
+                    continue
+                if self._decommissioned():
+                    if not self._held:
+                        self._held = True
+                        _log.warning(
+                            "broker %s is decommissioned: deregistered, and kept so until it is "
+                            "uncordoned",
+                            self._link.me,
+                        )
+                        await self.deregister()
+                elif self._held:
+                    self._held = False
+                    _log.info("broker %s is no longer decommissioned", self._link.me)
+                    info = self._link.info
+                    if self._link.attached and info is not None and not self._silent:
+                        self._register(info)
+                    elif self._link.auto_ack and not self._link.attached:
+                        self._register(self._self_info)
+
+    def _decommissioned(self) -> bool:
+        return self._maintenance.mode(self._link.me) is MaintenanceMode.DECOMMISSIONED
+
     def _register(self, info: BrokerInfo) -> None:
+        if self._decommissioned():
+            self._held = True
+            _log.warning(
+                "broker %s is decommissioned: not registering it (uncordon it to bring it back)",
+                info.broker_id,
+            )
+            return
         if not info.sidecar_grpc_addr and self._self_info.sidecar_grpc_addr:
             info = replace(info, sidecar_grpc_addr=self._self_info.sidecar_grpc_addr)
         if self._registration is not None:

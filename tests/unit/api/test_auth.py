@@ -73,6 +73,17 @@ RPCS: dict[str, Caller] = {
     "GetLoad": lambda lb, a: a.GetLoad(lbd_pb2.GetLoadRequest()),
     "Rebalance": lambda lb, a: a.Rebalance(lbd_pb2.RebalanceRequest(dry_run=True)),
     "Snapshot": lambda lb, a: a.Snapshot(lbd_pb2.SnapshotRequest()),
+    "ListDecisions": lambda lb, a: a.ListDecisions(lbd_pb2.ListDecisionsRequest()),
+    "Audit": lambda lb, a: a.Audit(lbd_pb2.AuditRequest()),
+    "Cordon": lambda lb, a: a.Cordon(lbd_pb2.CordonRequest()),
+    "Uncordon": lambda lb, a: a.Uncordon(lbd_pb2.UncordonRequest()),
+    "Drain": lambda lb, a: a.Drain(lbd_pb2.DrainRequest()),
+    "Decommission": lambda lb, a: a.Decommission(lbd_pb2.DecommissionRequest()),
+    "Execute": lambda lb, a: a.Execute(lbd_pb2.ExecuteRequest()),
+    "ListOperations": lambda lb, a: a.ListOperations(lbd_pb2.ListOperationsRequest()),
+    "GetOperation": lambda lb, a: a.GetOperation(lbd_pb2.GetOperationRequest()),
+    "WatchOperation": lambda lb, a: _first(a.WatchOperation(lbd_pb2.WatchOperationRequest())),
+    "CancelOperation": lambda lb, a: a.CancelOperation(lbd_pb2.CancelOperationRequest()),
 }
 
 
@@ -82,7 +93,19 @@ async def _first(call: object) -> None:
     call.cancel()  # type: ignore[attr-defined]
 
 
-READS = {"Lookup", "WatchOwnership", "ListBrokers", "GetLeader", "ListBundles", "GetLoad"}
+READS = {
+    "Lookup",
+    "WatchOwnership",
+    "ListBrokers",
+    "GetLeader",
+    "ListBundles",
+    "GetLoad",
+    "ListDecisions",
+    "Audit",
+    "ListOperations",
+    "GetOperation",
+    "WatchOperation",
+}
 UN, PD, OK = "UNAUTHENTICATED", "PERMISSION_DENIED", "allowed"
 
 
