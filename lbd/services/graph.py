@@ -306,6 +306,7 @@ def build_sidecar(
     decisions = DecisionLog(clock, keep=config.operations.keep_decisions)
     governor = ExecutionGovernor(follower, clock, config.governor, metrics=metrics)
     tracker = OperationTracker(
+        me,
         follower=follower,
         proposer=proposer,
         registry=registry,

@@ -13,7 +13,9 @@ Faults (:data:`FAULTS`), at random times in the first two thirds of the run, ove
 sidecar paused, isolated, crashed and restarted, or cut off etcd or the channel alone; a broker
 paused; etcd or the channel down for everyone; the channel delivering its last messages again;
 brokers joining and leaving; a topic's load swinging up (the split scheduler and the shedder act on
-what the brokers report); admin Transfer, Unload and Split.
+what the brokers report); admin Transfer, Unload and Split; a drain of a broker (cordoned, its
+bundles moved off under the execution governor, uncordoned when the fault ends); a plan made and
+executed by the leader, sometimes cancelled halfway.
 
 Invariants, checked as the world runs against the channel itself: no two brokers serve one bundle
 or overlapping ones at one instant; a broker serves only what the channel names it server of;
@@ -184,6 +186,8 @@ FAULTS = (
     "transfer",
     "unload",
     "split",
+    "drain",
+    "plan",
 )
 
 
@@ -825,6 +829,10 @@ class World:
             self.traffic.swing(topic, 1.0)
         elif kind == "leave":
             await self._leave(node)
+        elif kind == "drain":
+            await self._drain(node, duration)
+        elif kind == "plan":
+            await self._plan(rng, duration)
         else:
             await self._admin(kind, node, rng)
         self.note(f"fault {kind} {me} over")
@@ -947,6 +955,46 @@ class World:
             with contextlib.suppress(LbdError):
                 await operation.assign(bundle, via.sidecar.me)
 
+    def _leader(self) -> _Node | None:
+        """The live node whose sidecar runs the leader duties now, if any."""
+        return next((n for n in self._live() if n.sidecar.elector.is_leader), None)
+
+    async def _drain(self, node: _Node, duration: float) -> None:
+        """An operator drains ``node``'s broker through the leader, and uncordons it (through any
+        sidecar) when the fault ends, drained or not."""
+        me = node.broker.id
+        leader = self._leader()
+        if leader is None:
+            return
+        with contextlib.suppress(LbdError):
+            op = await leader.sidecar.drainer.drain(me)
+            self.note(f"drain of {me}: operation {op.id}")
+        await self.clock.sleep(duration)
+        await self._uncordon(me)
+
+    async def _uncordon(self, broker: BrokerId) -> None:
+        for via in self._live():
+            with contextlib.suppress(LbdError):
+                await via.sidecar.drainer.uncordon(broker)
+                return
+
+    async def _plan(self, rng: random.Random, duration: float) -> None:
+        """An operator asks the leader for a plan and executes it; sometimes cancels it
+        halfway (its in-flight moves finish)."""
+        leader = self._leader()
+        if leader is None:
+            return
+        scheduler = leader.sidecar.unload_scheduler
+        with contextlib.suppress(LbdError):
+            plan = (await scheduler.run_cycle(dry_run=True, asked=True)).plan
+            if plan is None:
+                return
+            op = scheduler.execute(plan.id)
+            self.note(f"plan {plan.id}: {len(plan.moves)} move(s), operation {op.id}")
+            if rng.random() < 0.5:
+                await self.clock.sleep(rng.uniform(0.0, duration))
+                leader.sidecar.tracker.cancel(op.id)
+
     async def _heal(self) -> None:
         self._held.clear()
         self._metadata.set_reachable(True)
@@ -954,6 +1002,8 @@ class World:
         for me in list(self._nodes):
             self._apply_held(me)
         self.note("faults over")
+        for broker in sorted(self._nodes):
+            await self._uncordon(broker)  # a drain whose uncordon met an outage
         # Clients look their topics up again: an unloaded bundle (Free) is assigned anew.
         await self._run_for(2.0)
         for n, bundle in enumerate(sorted(self._bundles())):

@@ -28,9 +28,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 
@@ -89,6 +89,7 @@ class OperationTracker:
 
     def __init__(
         self,
+        me: BrokerId,
         *,
         follower: ChannelFollower,
         proposer: Proposer,
@@ -119,6 +120,7 @@ class OperationTracker:
         self._ops: dict[str, _Running] = {}
         self._plans: dict[str, Plan] = {}
         self._ids = itertools.count(1)
+        self._suffix = hashlib.blake2b(f"{me}@{clock.now_ms()}".encode(), digest_size=3).hexdigest()
 
     name = "operations"
     """The leader duty's name."""
@@ -173,8 +175,10 @@ class OperationTracker:
         return plan
 
     def new_id(self, prefix: str) -> str:
-        """A fresh id, unique within this leader and unlikely to repeat across leaders."""
-        return f"{prefix}-{next(self._ids)}-{secrets.token_hex(3)}"
+        """A fresh id: unique within this sidecar, and unlikely to repeat across sidecars and
+        restarts (a suffix of the sidecar and its start time; the same in a replayed
+        simulation)."""
+        return f"{prefix}-{next(self._ids)}-{self._suffix}"
 
     # -- operations ---------------------------------------------------------------------------
 
