@@ -21,7 +21,7 @@ from lbd.api import convert
 from lbd.api.forwarding import Forwarder
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import SplitAlgorithm
-from lbd.core.errors import InvalidInputError, PreconditionError
+from lbd.core.errors import DeadlineError, InvalidInputError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
@@ -137,11 +137,19 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         )
         op = await self._d.tracker.wait(op.id)
         done = op.moves[0]
-        if done.state is not MoveState.DONE:
-            raise PreconditionError(
-                f"{what} of {move.bundle} did not complete ({done.state.value}): {done.error} "
-                f"(operation {op.id})"
-            )
+        if done.state is MoveState.DONE:
+            return
+        message = (
+            f"{what} of {move.bundle} did not complete ({done.state.value}): {done.error} "
+            f"(operation {op.id})"
+        )
+        cause = self._d.tracker.failure(op.id)
+        # An outage or a deadline keeps its code, so that a client knows to retry.
+        if isinstance(cause, UnavailableError):
+            raise UnavailableError(message)
+        if isinstance(cause, DeadlineError):
+            raise DeadlineError(message)
+        raise PreconditionError(message)
 
     async def Split(
         self, request: lbd_pb2.SplitRequest, context: grpc.aio.ServicerContext
@@ -285,7 +293,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
                 lambda stub: stub.Execute, request, context
             )
             return response
-        return convert.operation(self._d.unload_scheduler.execute(request.plan_id))
+        return convert.operation(await self._d.unload_scheduler.execute(request.plan_id))
 
     async def ListOperations(
         self, request: lbd_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext

@@ -92,6 +92,25 @@ class Governor:
                 return f"{len(books.starts)} {ticket.kind.value} moves started in 60s (rate limit)"
         return None
 
+    def may_start(self, ticket: Ticket, now_s: float) -> bool:
+        """Whether ``ticket`` may start now (:meth:`blocked_by` is None), without building the
+        explanation: the governor asks this for every waiter it looks at."""
+        books = self._books[ticket.kind]
+        budget = books.budget
+        if ticket.bundle in books.held or self.holds(ticket.bundle):
+            return False
+        if budget.cluster and len(books.held) >= budget.cluster:
+            return False
+        if budget.per_broker and any(
+            books.per_broker[b] >= budget.per_broker for b in ticket.brokers
+        ):
+            return False
+        if budget.per_minute:
+            self._expire(books, now_s)
+            if len(books.starts) >= budget.per_minute:
+                return False
+        return True
+
     def retry_after_s(self, kind: MoveKind, now_s: float) -> float | None:
         """Seconds until the rate limit of ``kind`` lets one more move start (None: it does
         now, or only a finished move can free a slot)."""

@@ -444,7 +444,7 @@ def build_sidecar(
             ports.metadata,
             follower,
             clock,
-            (unload_scheduler, monitor, checkpointing, drainer, auditor, tracker),
+            (tracker, unload_scheduler, monitor, checkpointing, drainer, auditor),
             metrics=metrics,
             retry_s=timings.retry_s,
             on_death=on_death,

@@ -58,6 +58,7 @@ from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
+from lbd.core.operations import Move, OperationKind
 from lbd.core.state import ServiceUnitState, owner_of, server_of
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.core.tuning import (
@@ -948,12 +949,28 @@ class World:
         operation = via.sidecar.operations
         if kind == "transfer" and others:
             with contextlib.suppress(LbdError):
-                await operation.transfer(bundle, rng.choice(others))
+                await self._admin_move(bundle, rng.choice(others))
         elif kind == "unload":
             with contextlib.suppress(LbdError):
-                await operation.unload(bundle)
+                await self._admin_move(bundle, None)
             with contextlib.suppress(LbdError):
                 await operation.assign(bundle, via.sidecar.me)
+
+    async def _admin_move(self, bundle: BundleId, dst: BrokerId | None) -> None:
+        """An admin Transfer (``dst``) or Unload as the API runs it: on the leader, as an
+        operation under its execution governor (any sidecar forwards the call there)."""
+        leader = self._leader()
+        if leader is None:
+            return
+        services = leader.sidecar
+        if dst is None:
+            src = await services.operations.check_unload(bundle)
+        else:
+            src = await services.operations.check_transfer(bundle, dst)
+        op = services.tracker.start_operation(
+            OperationKind.ADMIN, f"admin move of {bundle}", [Move(bundle, src, dst, "Admin")]
+        )
+        await services.tracker.wait(op.id)
 
     def _leader(self) -> _Node | None:
         """The live node whose sidecar runs the leader duties now, if any."""
@@ -989,7 +1006,7 @@ class World:
             plan = (await scheduler.run_cycle(dry_run=True, asked=True)).plan
             if plan is None:
                 return
-            op = scheduler.execute(plan.id)
+            op = await scheduler.execute(plan.id)
             self.note(f"plan {plan.id}: {len(plan.moves)} move(s), operation {op.id}")
             if rng.random() < 0.5:
                 await self.clock.sleep(rng.uniform(0.0, duration))

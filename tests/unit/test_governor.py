@@ -118,6 +118,7 @@ def test_no_sequence_of_starts_and_finishes_breaks_a_limit(
     for start, i, src, dst, dt in steps:
         now += dt
         ticket = move(i, src, dst)
+        assert g.may_start(ticket, now) == (g.blocked_by(ticket, now) is None)
         if start:
             if g.blocked_by(ticket, now) is None:
                 g.start(ticket, now)

@@ -73,7 +73,7 @@ class Slot:
 
     def release(self) -> None:
         """Give the slot back now: the move wrote nothing (it was skipped or cancelled)."""
-        self._governor.give_back(self.ticket.bundle)
+        self._governor.give_back(self.ticket.bundle, self)
 
     def _observe(self, new: ServiceUnitStateData | None) -> bool:
         """Note a change of the bundle; True once it settled after the move's first write."""
@@ -152,17 +152,22 @@ class ExecutionGovernor:
         bundle's value at admission is the one the move starts from: changes at or below its
         version do not settle the slot.
         """
+        queue = self._queues[ticket.kind]
+        if self._books.may_start(ticket, self.clock.monotonic()):
+            # Nobody waiting can be let in now (each change lets in whom it can): letting this
+            # one in does not pass anyone who could start.
+            return self._take(ticket)
         waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         entry = (ticket, waiter)
-        queue = self._queues[ticket.kind]
         queue.append(entry)
         self._gauge(ticket.kind)
-        self._dispatch(ticket.kind)
+        if self._books.retry_after_s(ticket.kind, self.clock.monotonic()) is not None:
+            self._retry_later(ticket.kind)
         try:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                waiter.result().release()
+                waiter.result().release()  # admitted as the caller gave up: not used
             elif entry in queue:
                 queue.remove(entry)
                 self._gauge(ticket.kind)
@@ -197,7 +202,7 @@ class ExecutionGovernor:
                 continue
             if budget.cluster and self._books.in_flight(kind) >= budget.cluster:
                 break
-            if self._books.blocked_by(ticket, self.clock.monotonic()) is None:
+            if self._books.may_start(ticket, self.clock.monotonic()):
                 waiter.set_result(self._take(ticket))
                 admitted.append((ticket, waiter))
             elif self._books.retry_after_s(kind, self.clock.monotonic()) is not None:
@@ -225,14 +230,17 @@ class ExecutionGovernor:
 
     # -- giving back --------------------------------------------------------------------------
 
-    def give_back(self, bundle: BundleId) -> None:
-        """Free ``bundle``'s slot (idempotent)."""
-        slot = self._slots.pop(bundle, None)
-        if slot is None:
+    def give_back(self, bundle: BundleId, slot: Slot | None = None) -> None:
+        """Free ``bundle``'s slot (only if it is ``slot``, when given; idempotent). Waiters of
+        every budget are looked at again: one may have waited for this very bundle."""
+        held = self._slots.get(bundle)
+        if held is None or (slot is not None and held is not slot):
             return
+        del self._slots[bundle]
         self._books.finish(bundle)
-        self._gauge(slot.ticket.kind)
-        self._dispatch(slot.ticket.kind)
+        self._gauge(held.ticket.kind)
+        for kind in MoveKind:
+            self._dispatch(kind)
 
     def holds(self, bundle: BundleId) -> bool:
         """Whether ``bundle`` holds a slot."""
@@ -251,7 +259,7 @@ class ExecutionGovernor:
             async for change in changes:
                 slot = self._slots.get(change.key)
                 if slot is not None and slot._observe(change.new):
-                    self.give_back(change.key)
+                    self.give_back(change.key, slot)
 
     async def _sweep_stale(self) -> None:
         while True:

@@ -182,7 +182,10 @@ class Drainer:
         if kind is None or self._running(record.broker) is not None:
             return
         _log.info("resuming the %s of %s (%s)", kind, record.broker, record.describe())
-        self._launch(record.broker, kind)
+        try:
+            self._launch(record.broker, kind)
+        except UnavailableError as e:  # leadership ending as the record changed
+            _log.warning("the %s of %s is not resumed here: %s", kind, record.broker, e)
 
     def _stop(self, broker: BrokerId) -> None:
         running = self._running(broker)
@@ -301,7 +304,10 @@ class Drainer:
             (
                 op
                 for op in self._tracker.active()
-                if op.broker == broker and op.kind in _KINDS.values()
+                # One being cancelled is on its way out: a new drain may start beside it.
+                if op.broker == broker
+                and op.kind in _KINDS.values()
+                and op.state is OperationState.RUNNING
             ),
             None,
         )

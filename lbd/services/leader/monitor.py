@@ -139,13 +139,18 @@ class OwnershipMonitor:
         self._waiting: set[BrokerId] = set()
         self._announced: dict[tuple[BundleId, int], float] = {}
         """Moves off gone brokers, by (bundle, version): when this leader first saw them."""
+        self._held_back = 0
+        """Orphans the last sweep left for the next because the recovery budget was spent."""
         self._written_at: dict[BundleId, tuple[float, BrokerId | None, int]] = {}
         """When this leader's own announcements were persisted, until it reads them back."""
 
     async def run_leading(self, term: int) -> None:
-        """The leader duty: a sweep every interval until cancelled."""
+        """The leader duty: a sweep every interval until cancelled; within a second when the
+        last sweep held orphans back for the governor's recovery budget."""
         while True:
-            await self._clock.sleep(self._settings.interval_s)
+            interval = self._settings.interval_s
+            await self._clock.sleep(min(interval, 1.0) if self._held_back else interval)
+            self._held_back = 0
             await self.run_once(term)
 
     async def run_once(self, term: int) -> SweepReport:
@@ -300,17 +305,20 @@ class OwnershipMonitor:
         # The recovery budget paces what lands on each broker at once.
         # A bundle whose move (a drain's, say) was under way keeps that move's slot, which the
         # bundle gives back when it settles; waiting for a second slot would wait for itself.
+        # Never waited for inside the sweep: the slots it waits for may be held by bundles only
+        # this very sweep can unstick. An orphan the budget holds back waits for the next sweep.
         slot = None
         if not self._governor.holds(bundle):
-            slot = await self._governor.admit(Ticket(bundle, None, dst, MoveKind.RECOVERY))
-        assigned: Fix | None = None
-        try:
-            assigned = await self._force(
-                bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
-            )
-        finally:
-            if assigned is None and slot is not None:
-                slot.release()  # nothing was written: the slot is not in use
+            slot = self._governor.try_admit(Ticket(bundle, None, dst, MoveKind.RECOVERY))
+            if slot is None:
+                sweep.handing_over[bundle] = announced_s
+                self._held_back += 1
+                return None
+        assigned = await self._force(
+            bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
+        )
+        if assigned is None and slot is not None:
+            slot.release()  # nothing was written: the slot is not in use
         return assigned
 
     async def _unstick(

@@ -34,7 +34,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 
-from lbd.core.errors import LbdError, NotFoundError, PreconditionError
+from lbd.core.errors import DeadlineError, LbdError, NotFoundError, PreconditionError
 from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId
 from lbd.core.operations import Move, MoveState, Operation, OperationKind, OperationState, Plan
@@ -79,6 +79,10 @@ class _Running:
     task: asyncio.Task[None] | None = None
     moves: dict[int, asyncio.Task[None]] | None = None
     changed: asyncio.Event | None = None
+    sent: collections.Counter[BrokerId] = dataclasses.field(default_factory=collections.Counter)
+    """Destinations chosen so far by this operation (a drain spreads its bundles by it)."""
+    failures: dict[int, LbdError] = dataclasses.field(default_factory=dict)
+    """Why each failed move failed (by index), for the caller of an admin move."""
     waiting: set[int] = dataclasses.field(default_factory=set)
     """Moves (by index) choosing a destination or waiting for the governor: only these are
     cancelled; a move past them may have written already and is left to finish."""
@@ -120,6 +124,7 @@ class OperationTracker:
         self._ops: dict[str, _Running] = {}
         self._plans: dict[str, Plan] = {}
         self._ids = itertools.count(1)
+        self._leading: int | None = None
         self._suffix = hashlib.blake2b(f"{me}@{clock.now_ms()}".encode(), digest_size=3).hexdigest()
 
     name = "operations"
@@ -132,9 +137,11 @@ class OperationTracker:
         """The leader duty: nothing while leading; when leadership ends, every operation still
         running is cancelled (its in-flight moves finish), so that a deposed leader schedules no
         move beside the new leader's governor."""
+        self._leading = term
         try:
             await asyncio.Event().wait()
         finally:
+            self._leading = None
             for op in self.active():
                 op.error = op.error or f"this sidecar stopped leading (term {term})"
                 self.cancel(op.id)
@@ -193,7 +200,15 @@ class OperationTracker:
         refill: Refill | None = None,
         finish: Finish | None = None,
     ) -> Operation:
-        """Start an operation of ``moves`` in the background; the operation (it changes)."""
+        """Start an operation of ``moves`` in the background; the operation (it changes).
+
+        Raises UnavailableError unless this sidecar runs the leader duties now: a deposed
+        leader starts nothing beside the new leader's governor.
+        """
+        if self._leading is None:
+            raise UnavailableError(
+                "this sidecar no longer leads (or does not yet): retry, the call goes to the leader"
+            )
         op = Operation(
             id=self.new_id(kind.value),
             kind=kind,
@@ -235,6 +250,11 @@ class OperationTracker:
             for r in self._ops.values()
             if not r.op.state.finished and (kind is None or r.op.kind is kind)
         ]
+
+    def failure(self, op_id: str, index: int = 0) -> LbdError | None:
+        """Why move ``index`` of ``op_id`` failed, when it failed with an error."""
+        running = self._ops.get(op_id)
+        return None if running is None else running.failures.get(index)
 
     def cancel(self, op_id: str) -> Operation:
         """Stop scheduling ``op_id``'s moves (the in-flight ones finish); the operation."""
@@ -287,7 +307,8 @@ class OperationTracker:
                 for index, move in enumerate(op.moves):
                     if move.state is MoveState.PENDING and index not in running.moves:
                         running.moves[index] = guard(
-                            self._execute(running, move), name=f"move-{op.id}-{move.bundle}"
+                            self._execute(running, index, move),
+                            name=f"move-{op.id}-{move.bundle}",
                         )
                 await asyncio.gather(*running.moves.values(), return_exceptions=True)
                 if op.state is OperationState.CANCELLING or running.refill is None:
@@ -337,26 +358,30 @@ class OperationTracker:
             return OperationState.FAILED
         return OperationState.SUCCEEDED
 
-    async def _execute(self, running: _Running, move: Move) -> None:
+    async def _execute(self, running: _Running, index: int, move: Move) -> None:
         op = running.op
         try:
-            await self._move(running, move)
+            await self._move(running, index, move)
         except asyncio.CancelledError:
             if move.state is MoveState.PENDING:
                 self._end(running, move, MoveState.CANCELLED, "its operation was cancelled")
             raise
         except LbdError as e:
+            running.failures[index] = e
             self._end(running, move, MoveState.FAILED, str(e))
+        except Exception as e:
+            _log.exception("operation %s: move of %s", op.id, move.bundle)
+            self._end(running, move, MoveState.FAILED, f"internal error: {e!r}")
         if move.state is MoveState.FAILED:
             _log.warning("operation %s: move of %s failed: %s", op.id, move.bundle, move.error)
 
-    async def _move(self, running: _Running, move: Move) -> None:
+    async def _move(self, running: _Running, index: int, move: Move) -> None:
         op = running.op
-        index = op.moves.index(move)
         running.waiting.add(index)
         try:
             if move.dst is None and op.kind in (OperationKind.DRAIN, OperationKind.DECOMMISSION):
-                move.dst = await self._destination(op, move)
+                move.dst = await self._destination(running, move)
+                running.sent[move.dst] += 1
                 self._changed(running)
             slot = await self._governor.admit(
                 Ticket(move.bundle, move.src, move.dst, MoveKind.BALANCING)
@@ -367,6 +392,11 @@ class OperationTracker:
         try:
             if op.state is OperationState.CANCELLING:
                 self._end(running, move, MoveState.CANCELLED, "its operation was cancelled")
+                return
+            if move.dst is not None and move.dst in self._cordoned():
+                # Cordoned while the move waited (a plan kept for minutes, a queued drain move):
+                # a drain's next round picks another destination.
+                self._end(running, move, MoveState.SKIPPED, f"{move.dst} is cordoned now")
                 return
             value = self._follower.get(move.bundle)
             if owner_of(value) != move.src:
@@ -380,9 +410,17 @@ class OperationTracker:
                 self._end(running, move, MoveState.SKIPPED, f"{move.dst} is not registered now")
                 return
             move.started_at_ms = self._clock.now_ms()
-            won = await self._proposer.propose_and_wait(
-                move.bundle, _S.Releasing, dst=move.dst, src=move.src
-            )
+            try:
+                won = await self._proposer.propose_and_wait(
+                    move.bundle, _S.Releasing, dst=move.dst, src=move.src
+                )
+            except UnavailableError:
+                raise  # not published: the slot is given back below
+            except LbdError:
+                # Published, maybe not applied yet: it may still land, so the slot stays held
+                # until the bundle settles (or goes stale).
+                written = True
+                raise
             if not won:
                 now_value = self._follower.get(move.bundle)
                 self._end(
@@ -400,14 +438,11 @@ class OperationTracker:
                 async with asyncio.timeout(self._settle_timeout_s):
                     settled = await slot.settled()
             except TimeoutError:
-                self._end(
-                    running,
-                    move,
-                    MoveState.FAILED,
-                    f"did not settle within {self._settle_timeout_s:g}s (the leader's monitor "
-                    "fixes a move stuck past monitor.inflight_timeout_s)",
-                )
-                return
+                raise DeadlineError(
+                    f"{move.bundle} did not settle within {self._settle_timeout_s:g}s (operation "
+                    f"{op.id}; the leader's monitor fixes a move stuck past "
+                    "monitor.inflight_timeout_s)"
+                ) from None
             move.unavailable_ms = settled.unavailable_ms
             owner = owner_of(settled.value)
             arrived = owner == move.dst if move.dst is not None else owner != move.src
@@ -427,7 +462,7 @@ class OperationTracker:
             if not written:
                 slot.release()
 
-    async def _destination(self, op: Operation, move: Move) -> BrokerId:
+    async def _destination(self, running: _Running, move: Move) -> BrokerId:
         """A broker for a drained bundle: the assignment filters, never a cordoned broker or the
         source, preferring the brokers this operation sent the fewest bundles to."""
         excluded = {move.src, *self._cordoned()}
@@ -436,7 +471,7 @@ class OperationTracker:
             raise UnavailableError(
                 f"no broker can take {move.bundle}: every other broker is cordoned or gone"
             )
-        sent = collections.Counter(m.dst for m in op.moves if m.dst is not None)
+        sent = running.sent
         for count in sorted({sent.get(b, 0) for b in brokers}):
             among = {b: i for b, i in brokers.items() if sent.get(b, 0) <= count}
             with contextlib.suppress(UnavailableError):

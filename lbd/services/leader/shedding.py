@@ -261,12 +261,16 @@ class UnloadScheduler:
             )
             return report
 
-    def execute(self, plan_id: str) -> Operation:
+    async def execute(self, plan_id: str) -> Operation:
         """Execute a plan a dry run kept (once); the operation. Its moves count as this
         strategy's own (grace period, cool-down, the planner's memory of unreported moves).
 
         NotFoundError for an unknown plan, PreconditionError for an expired one.
         """
+        async with self._lock:  # not between a cycle's decision and its carried state
+            return self._execute(plan_id)
+
+    def _execute(self, plan_id: str) -> Operation:
         plan = self._tracker.take_plan(plan_id)
         now = self._clock.now_ms()
         decisions = tuple(

@@ -18,6 +18,7 @@ from lbd.core.operations import Move, MoveState, OperationKind, OperationState
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import StateTable
 from lbd.core.tuning import MB, Budget, GovernorConfig, OperationsConfig, SheddingConfig
+from lbd.ports.errors import UnavailableError
 
 S = ServiceUnitState
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
@@ -79,7 +80,7 @@ async def test_a_plan_is_kept_then_executed_once_and_tracked_to_the_end() -> Non
         assert plan.bytes_to_move == pytest.approx(25 * MB * len(plan.moves))
         assert all(m.src == a.me and m.dst == b.me for m in plan.moves)
 
-        op = leader.unload_scheduler.execute(plan.id)
+        op = await leader.unload_scheduler.execute(plan.id)
         assert op.kind is OperationKind.PLAN and op.plan_id == plan.id
         seen = []
         async for current in _watch(h, leader, op.id):
@@ -96,7 +97,7 @@ async def test_a_plan_is_kept_then_executed_once_and_tracked_to_the_end() -> Non
             ("transfer", "plan", m.bundle) for m in plan.moves
         }
         with pytest.raises(NotFoundError, match="no plan"):
-            leader.unload_scheduler.execute(plan.id)
+            await leader.unload_scheduler.execute(plan.id)
 
 
 async def test_an_expired_plan_is_refused() -> None:
@@ -110,7 +111,7 @@ async def test_an_expired_plan_is_refused() -> None:
         assert plan is not None
         await h.clock.run_for(61)
         with pytest.raises(PreconditionError, match="expired"):
-            leader.unload_scheduler.execute(plan.id)
+            await leader.unload_scheduler.execute(plan.id)
         assert all(h.owner(b) == a.me for b in BUNDLES)
 
 
@@ -243,3 +244,15 @@ async def test_a_new_broker_is_filled_as_soon_as_it_reports_not_at_the_next_inte
         assert c.me in {m.dst for m in op.moves}
         assert all(h.owner(m.bundle) == m.dst for m in op.moves)
         assert h.violations == []
+
+
+async def test_only_the_sidecar_that_leads_starts_an_operation() -> None:
+    async with Harness(config=CONFIG) as h:
+        a, b = await all_on_first(h)
+        follower = next(s for s in h.live() if not s.elector.is_leader)
+        with pytest.raises(UnavailableError, match="no longer leads"):
+            follower.tracker.start_operation(
+                OperationKind.ADMIN, "not here", [Move(BUNDLES[0], a.me, b.me, "Admin")]
+            )
+        assert follower.tracker.list_operations() == []
+        assert h.owner(BUNDLES[0]) == a.me
