@@ -53,6 +53,15 @@ def pile_on(cluster: Cluster, broker: str) -> None:
     wait_for(f"the load reports show {broker} carrying most traffic", skewed, SETTLE_S)
 
 
+def plan_of(cluster: Cluster, moves: int) -> dict[str, Any] | None:
+    """``lbd ctl plan``'s plan when it has at least ``moves`` moves (else None: the shedder
+    skipped, e.g. in the cool-down after a plan was executed)."""
+    shown = cluster.ctl("--output", "json", "plan")
+    assert shown.returncode == 0, shown.stderr
+    plan: dict[str, Any] = json.loads(shown.stdout).get("plan", {})
+    return plan if len(plan.get("moves", [])) >= moves else None
+
+
 def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: Cluster) -> None:
     hot = cluster.broker_ids[0]
     pile_on(cluster, hot)
@@ -62,13 +71,7 @@ def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: C
     # every broker's report shows the pile-up, the planner may see less to move.)
     before = cluster.owners(TRAFFIC_NAMESPACE)
 
-    def plan_of_several_moves() -> dict[str, Any] | None:
-        shown = cluster.ctl("--output", "json", "plan")
-        assert shown.returncode == 0, shown.stderr
-        plan: dict[str, Any] = json.loads(shown.stdout).get("plan", {})
-        return plan if len(plan.get("moves", [])) >= 2 else None
-
-    planned = wait_for("a plan of at least two moves", plan_of_several_moves, SETTLE_S, 1.0)
+    planned = wait_for("a plan of at least two moves", lambda: plan_of(cluster, 2), SETTLE_S, 1.0)
     assert planned["std_after"] < planned["std_before"]
     assert all(m["src_broker_id"] == hot for m in planned["moves"])
     assert planned["bytes_to_move"] > 0 and planned["expires_at_ms"] > planned["created_at_ms"]
@@ -96,10 +99,9 @@ def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: C
     again = cluster.ctl("execute", planned["id"])
     assert again.returncode != 0 and "NOT_FOUND" in again.stderr and planned["id"] in again.stderr
 
-    # A new plan, executed to the end with lbd ctl, and tracked by ops list / get.
-    shown = cluster.ctl("--output", "json", "plan")
-    assert shown.returncode == 0, shown.stderr
-    plan_id = json.loads(shown.stdout)["plan"]["id"]
+    # A new plan (once the executed one's cool-down is over), executed to the end with lbd ctl,
+    # and tracked by ops list / get.
+    plan_id = wait_for("a new plan", lambda: plan_of(cluster, 1), SETTLE_S, 1.0)["id"]
     done = cluster.ctl("execute", plan_id, "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "succeeded" in done.stdout
