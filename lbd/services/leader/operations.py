@@ -331,6 +331,16 @@ class OperationTracker:
             _log.exception("operation %s failed", op.id)
             op.error = f"internal error: {e}"
             state = OperationState.FAILED
+        except asyncio.CancelledError:
+            # The sidecar is stopping (close): its watchers and waiters learn the end too,
+            # instead of waiting for an operation nobody runs any more.
+            op.error = op.error or "this sidecar stopped; moves in flight settle on their own"
+            self._finish(running, OperationState.CANCELLED)
+            raise
+        self._finish(running, state)
+
+    def _finish(self, running: _Running, state: OperationState) -> None:
+        op = running.op
         op.state = state
         op.ended_at_ms = self._clock.now_ms()
         self._changed(running)

@@ -3,6 +3,7 @@ cancel; the governor's limits as the channel shows them; admin moves through the
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections import Counter
 
@@ -136,6 +137,22 @@ async def test_cancel_lets_the_move_in_flight_finish_and_starts_no_other() -> No
         assert leader.governor.in_flight(MoveKind.BALANCING) == 0
         assert leader.tracker.list_operations(active_only=True) == []
         assert h.violations == []
+
+
+async def test_a_stopping_sidecar_ends_its_operations_and_wakes_whoever_waits_for_them() -> None:
+    async with Harness(config=CONFIG) as h:
+        a, b = await all_on_first(h)
+        leader = leader_of(h)
+        moves = [Move(bundle, a.me, b.me, "Admin") for bundle in BUNDLES[:3]]
+        op = leader.tracker.start_operation(OperationKind.ADMIN, "three moves", moves)
+        await turns(lambda: leader.governor.queued(MoveKind.BALANCING) == 2)
+        waiter = asyncio.ensure_future(leader.tracker.wait(op.id))
+        await leader.tracker.close()
+        # Not left waiting for an operation nobody runs any more (a crashed leader's, say).
+        ended = await asyncio.wait_for(waiter, 5)
+        assert ended.state is OperationState.CANCELLED
+        assert "stopped" in (ended.error or "")
+        assert leader.tracker.list_operations(active_only=True) == []
 
 
 async def test_the_governor_holds_its_limits_as_the_channel_shows_them() -> None:
