@@ -9,7 +9,10 @@ and restarted: what closed or moved, and the recovery time, on a dev cluster it 
 a plain and a ``--secure`` dev cluster: what mutual TLS and roles cost), ``balance`` (every
 shedding strategy on the standard balancing scenarios, as ``lbd bench balance``), ``operating``
 (per-transfer unavailability over 60 transfers under traffic, and the drain of 200 bundles under
-the default execution governor, on a dev cluster it starts itself).
+the default execution governor, on a dev cluster it starts itself), ``lookup`` (owned Lookups on a
+sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to the gRPC
+ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
+``broker_cache`` (the broker-side ownership cache's topic lookups, in process).
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import (
+    broker_cache_bench,
     channel_bench,
     core,
+    lookup_bench,
     operating_bench,
     outage_bench,
+    recovery_bench,
     security_bench,
     sidecar_bench,
     sim_bench,
@@ -35,10 +41,13 @@ from lbd.sim.balance_suite import table as balance_table
 
 SUITES = (
     "core",
+    "broker_cache",
     "balance",
     "channel",
     "startup",
     "sidecar",
+    "lookup",
+    "recovery",
     "operating",
     "outages",
     "sim",
@@ -62,6 +71,10 @@ def main() -> None:
             for r in core.run(quick=args.quick):
                 table.add_row(r.name, f"{r.ops:,}", f"{r.seconds:.3f}", f"{r.rate:,.0f} {r.unit}/s")
         console.print(table)
+    if "broker_cache" in suites:
+        with console.status("broker_cache: topic lookups from the ownership cache..."):
+            result = broker_cache_bench.run(rounds=10 if args.quick else 100)
+        console.print(measurements_table("broker-side ownership cache, in process", result))
     if "balance" in suites:
         with console.status("balance: every strategy on every scenario..."):
             console.print(balance_table(run_suite()))
@@ -80,6 +93,15 @@ def main() -> None:
         with console.status(f"sidecar: a dev cluster, {lookups:,} lookups, kill -9..."):
             result = sidecar_bench.run(bundles=32 if args.quick else 128, lookups=lookups)
         console.print(measurements_table("sidecar on a 3-broker dev cluster", result))
+    if "lookup" in suites:
+        lookups = 1_000 if args.quick else 4_000
+        with console.status(f"lookup: {lookups:,} owned lookups, lbd and a trivial server..."):
+            console.print(lookup_bench.table(lookup_bench.run(lookups=lookups)))
+    if "recovery" in suites:
+        orphans = 1_000 if args.quick else 10_000
+        with console.status(f"recovery: a broker with {orphans:,} bundles killed..."):
+            result = recovery_bench.run(bundles=orphans)
+        console.print(measurements_table("orphans owned again after kill -9", result))
     if "operating" in suites:
         transfers, drained = (50, 50) if args.quick else (60, 200)
         with console.status(f"operating: {transfers} transfers, a drain of {drained} bundles..."):

@@ -264,7 +264,8 @@ class Daemon:
         # -- observability -------------------------------------------------------------------
         metrics = Metrics()
         provider = install_tracing(broker_id=me, console=console_requested(os.environ))
-        stack.callback(provider.shutdown)
+        if provider is not None:
+            stack.callback(provider.shutdown)
         if s.metrics.addr is not None:
             host, _, port = s.metrics.addr.rpartition(":")
             try:

@@ -43,6 +43,7 @@ from lbd.ports.errors import CasConflictError, UnavailableError
 from lbd.ports.metadata import (
     Leader,
     MaintenanceEvent,
+    NamespaceEvent,
     RegistryEvent,
     SessionEvent,
     Versioned,
@@ -238,11 +239,18 @@ class EtcdMetadataStore:
         kv = await self._conn.get(self._keys.namespace(namespace))
         return None if kv is None else _versioned(kv)
 
-    async def list_namespaces(self) -> dict[str, Versioned]:
-        """Every namespace record."""
-        kvs, _ = await self._conn.list_prefix(self._keys.namespaces)
+    async def list_namespaces(self) -> tuple[dict[str, Versioned], int]:
+        """Every namespace record and the revision it was read at."""
+        kvs, revision = await self._conn.list_prefix(self._keys.namespaces)
         start = len(self._keys.namespaces)
-        return {kv.key[start:].decode(): _versioned(kv) for kv in kvs}
+        return {kv.key[start:].decode(): _versioned(kv) for kv in kvs}, revision
+
+    async def watch_namespaces(self, after_revision: int) -> AsyncIterator[NamespaceEvent]:
+        """Namespace record changes after ``after_revision`` (resumed like the registry's)."""
+        known = await self._state_at(self._keys.namespaces, after_revision)
+        start = len(self._keys.namespaces)
+        async for event in self._follow(self._keys.namespaces, known, after_revision):
+            yield NamespaceEvent(event.key[start:].decode(), event.value, event.revision)
 
     async def put_namespace(self, namespace: str, value: bytes, expected_mod_revision: int) -> int:
         """Write if the mod revision is still ``expected_mod_revision`` (0: must not exist)."""

@@ -223,7 +223,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
             # Fresh from the store, not the cache: another sidecar may have split since.
             records = [await self._d.namespaces.refresh(NamespaceName.parse(request.namespace))]
         else:
-            records = await self._d.namespaces.list()
+            records = await self._d.namespaces.list(fresh=True)
         bundles: list[BundleId] = sorted(
             b.id for record in records for b in record.bundles().bundles()
         )

@@ -59,6 +59,10 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     By default every call of lbd's own services goes through the one wrapper given (health and
     reflection are left alone); a subclass picks per call by overriding :meth:`wrapper_for`.
+
+    As a grpc.aio interceptor it costs a coroutine and a new handler on every call; lbd's server
+    instead applies the same layers once, when it registers its servicers
+    (:class:`WrappedRegistration`), and keeps the interceptor form for servers it does not build.
     """
 
     def __init__(
@@ -67,9 +71,9 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         """With ``checks_requests``, a request that does not decode reaches the wrapper as an
         :class:`UndecodableRequestError` raised by the call (see :func:`wrap_handler`)."""
         self._wrapper = wrapper
-        self._checks_requests = checks_requests
+        self.checks_requests = checks_requests
 
-    def wrapper_for(self, details: grpc.HandlerCallDetails) -> CallWrapper | None:
+    def wrapper_for(self, details: grpc.HandlerCallDetails | _Details) -> CallWrapper | None:
         """The wrapper for this call, or None to leave it as it is."""
         return self._wrapper if is_lbd_method(details.method) else None
 
@@ -89,7 +93,7 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             handler,
             handler_call_details.method,
             wrapper,
-            checks_requests=self._checks_requests,
+            checks_requests=self.checks_requests,
         )
 
 
@@ -217,3 +221,43 @@ async def _responses(result: Any) -> AsyncGenerator[Any, None]:
     async with contextlib.aclosing(result):
         async for response in result:
             yield response
+
+
+class WrappedRegistration:
+    """Stands in for a grpc.aio server while a generated ``add_*Servicer_to_server`` registers a
+    servicer: every method handler is wrapped once, through ``layers`` (outermost first), and
+    registered with the real server. Per call this costs the layers' own coroutines only, where
+    interceptors would also run their chain and build a new handler for every call."""
+
+    def __init__(self, server: grpc.aio.Server, layers: list[WrappingInterceptor]) -> None:
+        self._server = server
+        self._layers = layers
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        """Ignored: the same handlers arrive by :meth:`add_registered_method_handlers`."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Wrap each handler in every layer that picks its method, and register the result."""
+        wrapped = {name: self._wrap(f"/{service}/{name}", h) for name, h in handlers.items()}
+        generic = grpc.method_handlers_generic_handler(service, wrapped)
+        self._server.add_generic_rpc_handlers((generic,))
+        self._server.add_registered_method_handlers(service, wrapped)
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        details = _Details(method)
+        for layer in reversed(self._layers):  # the innermost layer first
+            wrapper = layer.wrapper_for(details)
+            if wrapper is not None:
+                handler = wrap_handler(
+                    handler, method, wrapper, checks_requests=layer.checks_requests
+                )
+        return handler
+
+
+@dataclass(frozen=True, slots=True)
+class _Details:
+    """What :meth:`WrappingInterceptor.wrapper_for` reads of a call: its method."""
+
+    method: str

@@ -2,14 +2,25 @@
 
 Thin: each method converts the request, calls one service and converts the answer back. Errors
 are raised as lbd errors and mapped to status codes by :mod:`lbd.api.errors`.
+
+``WatchOwnership`` heartbeats say how fresh the stream is, and only what the sidecar can prove:
+every change the state channel held at an instant ``vouched_age_ms`` before the heartbeat was
+sent has been sent before it. The proof is a read barrier (run by the fence every
+``fence_check_interval_s``) that began after that instant and whose mark the stream has reached
+(:class:`_Vouch`). A sidecar that cannot read the channel keeps sending heartbeats, with an age
+that grows; a paused one sends none. Ages are measured on this process's monotonic clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypeVar
+import math
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import grpc
 
@@ -17,14 +28,24 @@ from lbd.api import convert
 from lbd.api.auth import BROKER_SESSION, Authenticator, Refused, audit, principal_of
 from lbd.core.names import NamespaceName
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.services.channel.follower import ReadBarrier
+from lbd.tasks import cancel_and_wait, guard
 
 if TYPE_CHECKING:
+    from lbd.core.table import ApplyResult
     from lbd.services.channel.follower import ChannelFollower
     from lbd.services.sidecar.broker_link import BrokerLink
     from lbd.services.sidecar.lookup import LookupService
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+_MAX_AGE_MS: Final = 2**32 - 1
+"""The largest ``vouched_age_ms`` (a uint32): about 50 days."""
+_MIN_HEARTBEAT_S: Final = 0.01
+"""The shortest heartbeat interval served, whatever a client asks for."""
+_SAMPLES_KEPT: Final = 16
+"""Barrier-count samples a :class:`_Vouch` keeps; dropping the oldest only makes it vouch less."""
 
 
 class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
@@ -56,22 +77,35 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
         self, request: lbd_pb2.WatchOwnershipRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lbd_pb2.OwnershipChange]:
         """Every matching bundle's current value, the end of those, then each accepted change,
-        in channel order."""
+        in channel order; with ``heartbeat_ms``, a heartbeat that often once the sidecar can
+        vouch for the stream (the module docstring)."""
         namespace = NamespaceName.parse(request.namespace) if request.namespace else None
         prefix = f"{namespace}/" if namespace is not None else ""
-        # Subscribed, then the snapshot taken, with no await between: every change is either
-        # in the snapshot or in the feed, never in both.
-        changes = self._follower.changes()
-        async with contextlib.aclosing(changes):
+        # Subscribed, the barrier count sampled, then the snapshot taken, with no await between:
+        # every change is either in the snapshot or in the feed, never in both, and a barrier
+        # begun after the sample covers the snapshot.
+        feed = self._follower.changes_and_barriers()
+        vouch = _Vouch(self._follower)
+        async with contextlib.aclosing(feed):
             snapshot = sorted(
                 (b, v) for b, v in self._follower.table.items() if b.startswith(prefix)
             )
             for bundle, value in snapshot:
                 yield convert.ownership_change(bundle, value)
             yield lbd_pb2.OwnershipChange(snapshot_done=True)
-            async for change in changes:
-                if change.key.startswith(prefix):
-                    yield convert.ownership_change(change.key, change.new)
+            interval_s = max(request.heartbeat_ms / 1000, _MIN_HEARTBEAT_S)
+            beats = _with_beats(feed, interval_s if request.heartbeat_ms else None)
+            async with contextlib.aclosing(beats):
+                async for beat_or_item in beats:
+                    if beat_or_item is None:
+                        vouch.sample()
+                        age_ms = vouch.age_ms()
+                        if age_ms is not None:
+                            yield lbd_pb2.OwnershipChange(heartbeat=True, vouched_age_ms=age_ms)
+                    elif isinstance(beat_or_item, ReadBarrier):
+                        vouch.reached(beat_or_item.number)
+                    elif beat_or_item.key.startswith(prefix):
+                        yield convert.ownership_change(beat_or_item.key, beat_or_item.new)
 
     async def BrokerSession(
         self,
@@ -109,6 +143,81 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
         )
         audit(principal, BROKER_SESSION, "PERMISSION_DENIED", peer=context.peer(), details=message)
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+
+
+class _Vouch:
+    """The latest instant as of which one ownership stream is known complete.
+
+    The follower counts the read barriers it begins. Reading the count n at instant t tells that
+    a barrier numbered above n began after t; once the stream has passed that barrier's mark, it
+    has sent every change the channel held at t. So the vouch samples (count, instant) now and
+    then, keeping the latest instant per count, and when the stream reaches the mark of barrier
+    k it vouches for the latest sample whose count is below k.
+    """
+
+    def __init__(self, follower: ChannelFollower) -> None:
+        self._follower = follower
+        self._samples: deque[tuple[int, float]] = deque(maxlen=_SAMPLES_KEPT)
+        self._as_of: float | None = None
+        self.sample()
+
+    def sample(self) -> None:
+        """Note how many barriers began by now."""
+        begun, now = self._follower.barriers_begun, time.monotonic()
+        if self._samples and self._samples[-1][0] == begun:
+            self._samples[-1] = (begun, now)  # a later instant for the same count is tighter
+        else:
+            self._samples.append((begun, now))
+
+    def reached(self, barrier: int) -> None:
+        """The stream has passed the mark of read barrier number ``barrier``."""
+        while self._samples and self._samples[0][0] < barrier:
+            _, at = self._samples.popleft()
+            self._as_of = at if self._as_of is None else max(self._as_of, at)
+        self.sample()
+
+    def age_ms(self) -> int | None:
+        """How long ago (ms, rounded up) the instant vouched for was; None while there is none."""
+        if self._as_of is None:
+            return None
+        return min(math.ceil((time.monotonic() - self._as_of) * 1000), _MAX_AGE_MS)
+
+
+async def _with_beats(
+    feed: AsyncIterator[ApplyResult | ReadBarrier], interval_s: float | None
+) -> AsyncGenerator[ApplyResult | ReadBarrier | None, None]:
+    """The items of ``feed`` in order, and None every ``interval_s`` between them (never when
+    ``interval_s`` is None).
+
+    A task moves the feed into a queue, so that waiting for the next item can time out without
+    cancelling the feed's own wait (which would end it)."""
+    if interval_s is None:
+        async for item in feed:
+            yield item
+        return
+    queue: asyncio.Queue[ApplyResult | ReadBarrier] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for item in feed:
+            queue.put_nowait(item)
+
+    pumping = guard(pump(), name="watch-ownership-feed")
+    try:
+        next_beat = time.monotonic() + interval_s
+        while not pumping.done() or not queue.empty():
+            wait_s = next_beat - time.monotonic()
+            if wait_s <= 0:
+                yield None
+                next_beat = time.monotonic() + interval_s
+                continue
+            try:
+                async with asyncio.timeout(wait_s):
+                    item = await queue.get()
+            except TimeoutError:
+                continue
+            yield item
+    finally:
+        await cancel_and_wait(pumping)
 
 
 async def _prepend(first: _T, rest: AsyncIterator[_T]) -> AsyncIterator[_T]:

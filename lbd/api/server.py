@@ -1,11 +1,13 @@
 """The sidecar's gRPC server: LoadBalancer and Admin, server reflection, ``grpc.health.v1``.
 
-Interceptors run outermost first: tracing (the span sees the final status), authentication and
-authorization (:mod:`lbd.api.auth`, when any credential is configured), then the error mapping
-closest to the servicers. The port is TLS when the sidecar has a certificate
-(:mod:`lbd.api.tls`). Health is NOT_SERVING until the app says the sidecar can answer (follower
-caught up, registry started) and again while it is fenced; the overall status ("") and each lbd
-service's share the same value.
+Each call of lbd's services passes through layers, outermost first: tracing (the span sees the
+final status; only when a tracer provider is given), authentication and authorization
+(:mod:`lbd.api.auth`, when any credential is configured), then the error mapping closest to the
+servicers. The layers wrap each method's handler once, when the servicers are registered
+(:class:`~lbd.api.handlers.WrappedRegistration`), not on every call as grpc interceptors would.
+The port is TLS when the sidecar has a certificate (:mod:`lbd.api.tls`). Health is NOT_SERVING
+until the app says the sidecar can answer (follower caught up, registry started) and again while
+it is fenced; the overall status ("") and each lbd service's share the same value.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from lbd.api.admin import AdminDeps, AdminServicer
 from lbd.api.auth import Authenticator, AuthInterceptor
 from lbd.api.errors import ErrorInterceptor
 from lbd.api.forwarding import Forwarder
+from lbd.api.handlers import WrappedRegistration, WrappingInterceptor
 from lbd.api.loadbalancer import LoadBalancerServicer
 from lbd.api.tls import ReloadingServerTls
 from lbd.api.tracing import TracingInterceptor
@@ -97,17 +100,21 @@ class ApiServer:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         """Without ``authenticator`` every caller may call everything (a loopback sidecar with
-        no credentials configured); without ``tls`` the port is plaintext."""
+        no credentials configured); without ``tls`` the port is plaintext; without
+        ``tracer_provider`` no span is made (tracing is off)."""
         self._addr = addr
         self._tls = tls
-        interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
+        layers: list[WrappingInterceptor] = []
+        if tracer_provider is not None:
+            layers.append(TracingInterceptor(tracer_provider))
         if authenticator is not None:
-            interceptors.append(AuthInterceptor(authenticator))
+            layers.append(AuthInterceptor(authenticator))
         self._errors = ErrorInterceptor(metrics)
-        interceptors.append(self._errors)
-        self._server = grpc.aio.server(interceptors=interceptors)
-        lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, self._server)
-        lbd_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
+        layers.append(self._errors)
+        self._server = grpc.aio.server()
+        registration = WrappedRegistration(self._server, layers)
+        lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, registration)
+        lbd_pb2_grpc.add_AdminServicer_to_server(admin, registration)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

@@ -1,10 +1,11 @@
 """OpenTelemetry spans for every call of lbd's services (DESIGN §10).
 
-The app installs a :class:`TracerProvider` once per process (:func:`install_tracing`); with no
-exporter the spans cost little and go nowhere. ``OTEL_TRACES_EXPORTER=console`` (the standard
-OpenTelemetry variable) prints them on stdout; a deployment wanting OTLP adds its exporter to the
-provider. The interceptor continues the caller's trace when the call carries a ``traceparent``
-(W3C trace context), so a forwarded Admin call shows up under the sidecar that forwarded it.
+Tracing is off unless an exporter is asked for: then no span is made and the calls pay nothing
+for it. ``OTEL_TRACES_EXPORTER=console`` (the standard OpenTelemetry variable) turns it on: the
+app installs a :class:`TracerProvider` once per process (:func:`install_tracing`) and the spans
+are printed on stdout; a deployment wanting OTLP adds its exporter to that provider. The tracing
+layer continues the caller's trace when the call carries a ``traceparent`` (W3C trace context),
+so a forwarded Admin call shows up under the sidecar that forwarded it.
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ def console_requested(env: Mapping[str, str]) -> bool:
     return "console" in {n.strip().lower() for n in names.split(",")}
 
 
-def install_tracing(*, broker_id: str, console: bool) -> TracerProvider:
-    """Make a provider for this sidecar the process's global one; shut it down when stopping."""
+def install_tracing(*, broker_id: str, console: bool) -> TracerProvider | None:
+    """With ``console``, make a provider exporting to the console this process's global one
+    (shut it down when stopping); None when no exporter is asked for (tracing off)."""
+    if not console:
+        return None
     provider = TracerProvider(
         resource=Resource.create({"service.name": "lbd", "service.instance.id": broker_id})
     )
-    if console:
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
     return provider
 

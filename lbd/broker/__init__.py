@@ -3,14 +3,16 @@
 - :class:`BrokerClient` holds the ``BrokerSession``: Hello, the serving lease, the commands
   (carried out by the broker's :class:`BrokerHandler`, acked by the client), load reports, and
   stopping everything when the session ends or the lease runs out.
-- :class:`OwnershipCache` answers "who owns this bundle" from memory, fed by ``WatchOwnership``.
+- :class:`OwnershipCache` answers "who owns this topic (or bundle)" from memory, fed by
+  ``WatchOwnership``, within a stated staleness bound; :class:`OwnershipView` is the same without
+  the I/O, fed message by message.
 
 It uses the core, the generated gRPC code and grpc, nothing of the sidecar; the simulated broker
 (:mod:`lbd.sim.broker`) runs on it.
 """
 
 from lbd.broker.client import BrokerClient, BrokerHandler, NewOwner
-from lbd.broker.ownership import Ownership, OwnershipCache, StaleOwnershipError
+from lbd.broker.ownership import Ownership, OwnershipCache, OwnershipView, StaleOwnershipError
 
 __all__ = [
     "BrokerClient",
@@ -18,5 +20,6 @@ __all__ = [
     "NewOwner",
     "Ownership",
     "OwnershipCache",
+    "OwnershipView",
     "StaleOwnershipError",
 ]

@@ -143,9 +143,11 @@ class NamespaceRecord:
     name: NamespaceName
     boundaries: tuple[int, ...]
     policies: NamespacePolicies = field(default_factory=NamespacePolicies)
+    _layout: NamespaceBundles = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.bundles()
+        # Validated once: a lookup asks for the layout on every call.
+        object.__setattr__(self, "_layout", NamespaceBundles(self.name, self.boundaries))
 
     @classmethod
     def create(
@@ -161,8 +163,8 @@ class NamespaceRecord:
         return cls(name, default_boundaries(bundle_count), policies)
 
     def bundles(self) -> NamespaceBundles:
-        """The bundle layout (validated)."""
-        return NamespaceBundles(self.name, self.boundaries)
+        """The bundle layout (validated when the record was made)."""
+        return self._layout
 
     def to_json(self) -> str:
         """The stored JSON text."""

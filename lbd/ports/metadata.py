@@ -73,6 +73,16 @@ class MaintenanceEvent:
     revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class NamespaceEvent:
+    """A namespace record was written (``value`` set, its mod revision is ``revision``) or
+    deleted (``value`` None)."""
+
+    namespace: str
+    value: bytes | None
+    revision: int
+
+
 class MetadataStore(Protocol):
     """Broker registry, election, maintenance and namespace records of one cluster.
 
@@ -170,8 +180,14 @@ class MetadataStore(Protocol):
         """The record of ``tenant/namespace``, or None when it does not exist."""
         ...
 
-    async def list_namespaces(self) -> dict[str, Versioned]:
-        """Every namespace record by ``tenant/namespace``."""
+    async def list_namespaces(self) -> tuple[dict[str, Versioned], int]:
+        """Every namespace record by ``tenant/namespace``, and the store revision it was read at."""
+        ...
+
+    def watch_namespaces(self, after_revision: int) -> AsyncIterator[NamespaceEvent]:
+        """Namespace record changes strictly after ``after_revision``, in order, without gaps;
+        survives outages and compaction as :meth:`watch_brokers` does; ends when the store is
+        closed."""
         ...
 
     async def put_namespace(self, namespace: str, value: bytes, expected_mod_revision: int) -> int:

@@ -8,7 +8,7 @@ Start order (:meth:`Sidecar.start`), each step needing the ones before:
 
 1. the channel: the newest checkpoint restored, the follower caught up with the channel;
 2. the metadata session (grants the lease), the load topics, the registry, the maintenance
-   records, ``public/default``;
+   records, the namespace records (listed, then watched), ``public/default``;
 3. the session watcher, then ownership: the reactor reconciles the broker with the table, the
    registration follows the broker link, the fence watches the lease;
 4. this broker's load reports and split scheduler, then the leader election (whose duties are the
@@ -161,6 +161,7 @@ class Sidecar:
         await self._started(stack, self.loads)
         await self._started(stack, self.registry)
         await self._started(stack, self.maintenance)
+        await self._started(stack, self.namespaces)
         await self.namespaces.ensure(DEFAULT_NAMESPACE, self.config.default_namespace_bundles)
         await self._started(stack, self.session)
         await self._started(stack, self.reactor)

@@ -13,11 +13,12 @@ times the mean rate), which is what makes some bundles worth moving or splitting
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lbd.core.bundles import Bundle, parse_bundle_id, topic_hash
+from lbd.core.bundles import FULL_UPPER, Bundle, parse_bundle_id, topic_hash
 from lbd.core.ids import BundleId
 from lbd.core.load import ResourceUsage
 
@@ -144,6 +145,7 @@ class Workload:
 
     spec: WorkloadSpec = field(default_factory=WorkloadSpec)
     _topics: dict[BundleId, tuple[_SimTopic, ...]] = field(default_factory=dict, init=False)
+    _names: dict[str, _NamePool] = field(default_factory=dict, init=False)
 
     def topics(self, bundle: BundleId) -> tuple[str, ...]:
         """The names of the bundle's synthetic topics (InvalidInputError for a bad bundle id)."""
@@ -206,13 +208,13 @@ class Workload:
 
     def _make_topics(self, bundle: Bundle) -> tuple[_SimTopic, ...]:
         spec = self.spec
+        namespace = str(bundle.namespace)
+        pool = self._names.get(namespace)
+        if pool is None:
+            pool = self._names[namespace] = _NamePool(namespace)
         out: list[_SimTopic] = []
-        for j in range(MAX_NAME_PROBES):
-            if len(out) >= spec.topics_per_bundle:
-                break
-            name = f"persistent://{bundle.namespace}/sim-{j}"
-            if topic_hash(name) not in bundle.range:
-                continue
+        for j in pool.first_in(bundle, spec.topics_per_bundle):
+            name = pool.name(j)
             rng = random.Random(f"{spec.seed}:{name}")
             # Exponential rates around the mean: most topics are quiet, a few busy.
             rate = rng.expovariate(1.0) * spec.msg_rate
@@ -220,3 +222,52 @@ class Workload:
                 rate *= spec.hot_factor
             out.append(_SimTopic(name, rate))
         return tuple(out)
+
+
+class _NamePool:
+    """The candidate names ``sim-<j>`` of one namespace, hashed once and sorted by hash.
+
+    A bundle's topics are the smallest ``j`` whose hash falls in its range. Probing ``j`` one by
+    one costs about (hash space / bundle width) hashes per topic, every bundle afresh: seconds per
+    bundle in a namespace of many thousand bundles. The pool hashes each candidate once for the
+    whole namespace and finds a range's candidates by bisection; it grows (by four) until a
+    range holds enough of them, up to ``MAX_NAME_PROBES``, so the names are the same as probing
+    gives.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self._prefix = f"persistent://{namespace}/sim-"
+        self._size = 0
+        self._hashes: list[int] = []
+        self._indices: list[int] = []
+
+    def name(self, j: int) -> str:
+        return f"{self._prefix}{j}"
+
+    def first_in(self, bundle: Bundle, count: int) -> list[int]:
+        """The ``count`` smallest ``j`` whose name hashes into the bundle's range (fewer when
+        not even ``MAX_NAME_PROBES`` candidates hold that many)."""
+        if count <= 0:
+            return []
+        if self._size == 0:
+            self._grow(min(MAX_NAME_PROBES, 1024))
+        while True:
+            found = self._in(bundle)
+            if len(found) >= count or self._size >= MAX_NAME_PROBES:
+                return sorted(found)[:count]
+            self._grow(min(MAX_NAME_PROBES, self._size * 4))
+
+    def _in(self, bundle: Bundle) -> list[int]:
+        r = bundle.range
+        start = bisect.bisect_left(self._hashes, r.lo)
+        upper = r.hi + 1 if r.hi == FULL_UPPER else r.hi  # the last bundle holds 0xffffffff
+        end = bisect.bisect_left(self._hashes, upper)
+        return self._indices[start:end]
+
+    def _grow(self, size: int) -> None:
+        pairs = list(zip(self._hashes, self._indices, strict=True))
+        pairs.extend((topic_hash(self.name(j)), j) for j in range(self._size, size))
+        pairs.sort()
+        self._hashes = [h for h, _ in pairs]
+        self._indices = [j for _, j in pairs]
+        self._size = size

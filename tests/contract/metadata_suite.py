@@ -24,6 +24,7 @@ from lbd.ports.metadata import (
     Leader,
     MaintenanceEvent,
     MetadataStore,
+    NamespaceEvent,
     RegistryEvent,
     SessionEvent,
     SessionEventKind,
@@ -172,8 +173,26 @@ class MetadataStoreContract:
             await s.put_namespace("t/other", b"x", updated)
         assert missing.value.actual is None
         await s.put_namespace("t/other", b"o", 0)
-        listed = await s.list_namespaces()
+        listed, revision = await s.list_namespaces()
         assert {k: v.value for k, v in listed.items()} == {"t/ns": b"v2", "t/other": b"o"}
+        assert revision >= max(v.mod_revision for v in listed.values())
+
+    async def test_watch_namespaces_reports_changes_after_the_revision_in_order(
+        self, harness: MetadataHarness
+    ) -> None:
+        a = await harness.store()
+        b = await harness.store()
+        first_write = await a.put_namespace("t/ns", b"v1", 0)
+        _, revision = await a.list_namespaces()
+        async with aclosing(a.watch_namespaces(revision)) as events:
+            await b.put_maintenance(B, b"cordoned")  # another prefix: not reported
+            created = await b.put_namespace("t/new", b"n1", 0)
+            updated = await b.put_namespace("t/ns", b"v2", first_write)
+            one: NamespaceEvent = await harness.wait(anext(events), 5)
+            two: NamespaceEvent = await harness.wait(anext(events), 5)
+        assert (one.namespace, one.value, one.revision) == ("t/new", b"n1", created)
+        assert (two.namespace, two.value, two.revision) == ("t/ns", b"v2", updated)
+        assert revision < one.revision < two.revision
 
     # -- election -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench import operating_bench, sidecar_bench
+from bench import lookup_bench, operating_bench, recovery_bench, sidecar_bench
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -26,3 +26,24 @@ def test_the_operating_benchmark_measures_unavailability_and_a_drain() -> None:
     assert result["drain_bundles"] >= 20 and result["drain_left_on_broker"] == 0
     # The default governor: at most 4 moves in flight at the drained broker.
     assert 1 <= result["drain_peak_in_flight"] <= 4
+
+
+def test_the_lookup_benchmark_compares_lbd_with_the_trivial_server() -> None:
+    figures = lookup_bench.run(lookups=300, rounds=1)
+    for c in lookup_bench.CONCURRENCIES:
+        assert figures.lbd[c].per_s > 0 and figures.trivial[c].per_s > 0, c
+        assert figures.lbd[c].p99_ms > 0 and figures.trivial[c].p99_ms > 0, c
+    rows = lookup_bench.table(figures).row_count
+    assert rows == len(lookup_bench.CONCURRENCIES) + len(lookup_bench.P99_AT)
+
+
+def test_the_recovery_benchmark_times_each_phase_of_an_orphan_repair() -> None:
+    result = recovery_bench.run(bundles=100)
+    announced = result["first announcement (s after kill)"]
+    handed_over = result["first hand-over (s after kill)"]
+    # The protocol's waits: the 3 s lease TTL and the 7 s grace, then the 9 s hand-over wait
+    # (seen from a watcher, whose view of each step may lag a little).
+    assert 7 <= announced <= result["last announcement (s after kill)"]
+    assert handed_over >= announced + 8.5
+    assert result["all Owned again (s after kill)"] >= result["last hand-over (s after kill)"]
+    assert result["all Owned again (s after kill)"] < 60

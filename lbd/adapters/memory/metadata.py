@@ -29,6 +29,7 @@ from lbd.ports.errors import CasConflictError, UnavailableError
 from lbd.ports.metadata import (
     Leader,
     MaintenanceEvent,
+    NamespaceEvent,
     RegistryEvent,
     SessionEvent,
     Versioned,
@@ -334,10 +335,15 @@ class MemoryMetadataStore:
         record = self._call(lambda: self._cluster.get(_NAMESPACES + namespace))
         return None if record is None else _versioned(record)
 
-    async def list_namespaces(self) -> dict[str, Versioned]:
-        """Every namespace record."""
-        found, _ = self._call(lambda: self._cluster.list(_NAMESPACES))
-        return {k[len(_NAMESPACES) :]: _versioned(r) for k, r in found.items()}
+    async def list_namespaces(self) -> tuple[dict[str, Versioned], int]:
+        """Every namespace record and the revision."""
+        found, revision = self._call(lambda: self._cluster.list(_NAMESPACES))
+        return {k[len(_NAMESPACES) :]: _versioned(r) for k, r in found.items()}, revision
+
+    async def watch_namespaces(self, after_revision: int) -> AsyncIterator[NamespaceEvent]:
+        """Namespace record changes after ``after_revision``."""
+        async for change in self._follow(_NAMESPACES, after_revision):
+            yield NamespaceEvent(change.key[len(_NAMESPACES) :], change.value, change.revision)
 
     async def put_namespace(self, namespace: str, value: bytes, expected_mod_revision: int) -> int:
         """Compare-and-swap on the mod revision (0: create)."""

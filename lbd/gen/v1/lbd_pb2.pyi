@@ -108,26 +108,32 @@ class LookupResponse(_message.Message):
     def __init__(self, bundle: _Optional[str] = ..., owner_broker_id: _Optional[str] = ..., owner: _Optional[_Union[OwnerUrls, _Mapping]] = ..., state: _Optional[_Union[BundleState, str]] = ...) -> None: ...
 
 class WatchOwnershipRequest(_message.Message):
-    __slots__ = ("namespace",)
+    __slots__ = ("namespace", "heartbeat_ms")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
-    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+    heartbeat_ms: int
+    def __init__(self, namespace: _Optional[str] = ..., heartbeat_ms: _Optional[int] = ...) -> None: ...
 
 class OwnershipChange(_message.Message):
-    __slots__ = ("bundle", "state", "owner_broker_id", "source_broker_id", "version_id", "snapshot_done")
+    __slots__ = ("bundle", "state", "owner_broker_id", "source_broker_id", "version_id", "snapshot_done", "heartbeat", "vouched_age_ms")
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OWNER_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_DONE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    VOUCHED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     bundle: str
     state: BundleState
     owner_broker_id: str
     source_broker_id: str
     version_id: int
     snapshot_done: bool
-    def __init__(self, bundle: _Optional[str] = ..., state: _Optional[_Union[BundleState, str]] = ..., owner_broker_id: _Optional[str] = ..., source_broker_id: _Optional[str] = ..., version_id: _Optional[int] = ..., snapshot_done: _Optional[bool] = ...) -> None: ...
+    heartbeat: bool
+    vouched_age_ms: int
+    def __init__(self, bundle: _Optional[str] = ..., state: _Optional[_Union[BundleState, str]] = ..., owner_broker_id: _Optional[str] = ..., source_broker_id: _Optional[str] = ..., version_id: _Optional[int] = ..., snapshot_done: _Optional[bool] = ..., heartbeat: _Optional[bool] = ..., vouched_age_ms: _Optional[int] = ...) -> None: ...
 
 class TopicStats(_message.Message):
     __slots__ = ("topic", "msg_rate", "msg_throughput")

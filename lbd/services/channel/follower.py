@@ -1,10 +1,11 @@
 """The channel follower: applies the state channel to a table, in order, for the whole sidecar.
 
 It first catches up with the channel as it is (from the table's position: empty, or a checkpoint),
-then follows it forever. It serves the current value of each bundle, a change feed and waiters
-("until this bundle is Owned, or the deadline"). A malformed message is skipped, logged once and
-counted: it never crashes the follower nor stalls the channel. Repeated or out-of-order deliveries
-are refused by the table's position check.
+then follows it forever. It serves the current value of each bundle, a change feed (optionally
+marked with the read barriers it completed) and waiters ("until this bundle is Owned, or the
+deadline"). A malformed message is skipped, logged once and counted: it never crashes the
+follower nor stalls the channel. Repeated or out-of-order deliveries are refused by the table's
+position check.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ from lbd.tasks import cancel_and_wait, guard
 _log = logging.getLogger(__name__)
 
 Predicate = Callable[[ServiceUnitStateData | None], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBarrier:
+    """A mark in a change feed: read barrier ``number`` completed here. Every change accepted
+    from what the channel held when that barrier began came before this mark in the feed."""
+
+    number: int
+    """The barrier's number, counted from 1 as barriers begin (see
+    :attr:`ChannelFollower.barriers_begun`)."""
 
 
 @dataclass(slots=True)
@@ -59,6 +70,8 @@ class ChannelFollower:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._subscribers: set[asyncio.Queue[ApplyResult]] = set()
+        self._marked_subscribers: set[asyncio.Queue[ApplyResult | ReadBarrier]] = set()
+        self._barriers_begun = 0
         self._waiters: dict[BundleId, list[tuple[Predicate, asyncio.Future[None]]]] = {}
         self._position_waiters: list[tuple[ChannelPosition, asyncio.Future[None]]] = []
         self.stats = FollowerStats()
@@ -76,6 +89,12 @@ class ChannelFollower:
     def get(self, bundle: BundleId) -> ServiceUnitStateData | None:
         """The bundle's current value (None: Init)."""
         return self._table.get(bundle)
+
+    @property
+    def barriers_begun(self) -> int:
+        """How many read barriers began so far. Whoever reads n here knows that a barrier whose
+        :class:`ReadBarrier` mark carries a number above n began after this read."""
+        return self._barriers_begun
 
     async def start(self, table: StateTable | None = None) -> None:
         """Start following, from ``table`` when given (a restored checkpoint) instead of the
@@ -119,12 +138,30 @@ class ChannelFollower:
         self._subscribers.add(queue)
         return self._drain(queue)
 
+    def changes_and_barriers(self) -> AsyncGenerator[ApplyResult | ReadBarrier, None]:
+        """As :meth:`changes`, with a :class:`ReadBarrier` mark where each read barrier
+        completed: once a consumer has read a mark, it has read every change the barrier
+        covers (what lets a sidecar vouch for what it sent; a time alone would not say whether
+        the changes are still queued)."""
+        queue: asyncio.Queue[ApplyResult | ReadBarrier] = asyncio.Queue()
+        self._marked_subscribers.add(queue)
+        return self._drain_marked(queue)
+
     async def _drain(self, queue: asyncio.Queue[ApplyResult]) -> AsyncGenerator[ApplyResult, None]:
         try:
             while True:
                 yield await queue.get()
         finally:
             self._subscribers.discard(queue)
+
+    async def _drain_marked(
+        self, queue: asyncio.Queue[ApplyResult | ReadBarrier]
+    ) -> AsyncGenerator[ApplyResult | ReadBarrier, None]:
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._marked_subscribers.discard(queue)
 
     async def wait_for(self, bundle: BundleId, predicate: Predicate) -> ServiceUnitStateData | None:
         """The bundle's value once ``predicate`` holds for it (at once if it holds now).
@@ -166,14 +203,20 @@ class ChannelFollower:
         A read barrier: it asks the channel for what lies past the table's position, and waits
         until the follower has applied the last of it. Raises
         :class:`~lbd.ports.errors.UnavailableError` when the channel cannot be asked; bound it
-        with :func:`asyncio.timeout`.
+        with :func:`asyncio.timeout`. When it completes, the feeds of
+        :meth:`changes_and_barriers` get its :class:`ReadBarrier` mark.
         """
+        self._barriers_begun += 1
+        number = self._barriers_begun
         last: ChannelPosition | None = None
         async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as ahead:
             async for message in ahead:
                 last = message.position
         if last is not None:
             await self.wait_applied(last)
+        mark = ReadBarrier(number)
+        for queue in self._marked_subscribers:
+            queue.put_nowait(mark)
 
     async def _run(self) -> None:
         async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as backlog:
@@ -212,6 +255,8 @@ class ChannelFollower:
         elif result.outcome is Outcome.ACCEPTED:
             for queue in self._subscribers:
                 queue.put_nowait(result)
+            for marked in self._marked_subscribers:
+                marked.put_nowait(result)
             self._wake(result.key)
         if result.outcome is not Outcome.DUPLICATE:
             self._wake_positions()

@@ -148,6 +148,11 @@ class Proposer:
         _log.debug("proposed %s for %s at %s", _describe(value), bundle, position)
         return position
 
+    async def publish(self, bundle: BundleId, value: ServiceUnitStateData) -> ChannelPosition:
+        """Publish ``value``, made by :meth:`next_value` (for a caller that decides on the
+        current value and publishes later, many at once); its channel position."""
+        return await self._publish(bundle, value)
+
     async def _publish(
         self, bundle: BundleId, value: ServiceUnitStateData | None
     ) -> ChannelPosition:

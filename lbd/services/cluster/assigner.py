@@ -80,16 +80,19 @@ class Assigner:
         among: Mapping[BrokerId, BrokerInfo] | None = None,
         avoid: BrokerId | None = None,
         exclude: Collection[BrokerId] = (),
+        records: list[NamespaceRecord] | None = None,
     ) -> Selection:
         """Choose a broker for ``bundle`` among ``among`` (default: every registered broker)
         less ``exclude`` and the cordoned ones; ``avoid`` is left out too unless it is the only
-        one left.
+        one left. ``records``: the namespace records to place by (default: read now), for a
+        caller choosing for many bundles at once.
 
         Raises UnavailableError when no broker passes the filters (the reason says which
         filter left none, or names the cordons), NotFoundError when the bundle's namespace does
         not exist.
         """
-        records = await self._namespaces.list()
+        if records is None:
+            records = await self._namespaces.list()
         return self._choose(bundle, records, among=among, avoid=avoid, exclude=exclude)
 
     async def move_destinations(

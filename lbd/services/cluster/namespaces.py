@@ -3,12 +3,22 @@
 Every change is a compare-and-swap on the record's mod revision, so two sidecars changing one
 namespace at once cannot lose each other's change: the loser reads again and retries (a split) or
 is told (a create). Reads are cached: a lookup needs the layout of its topic's namespace on every
-call. A cached layout may be stale after another sidecar's split; callers notice it (the bundle
-they found is Deleted) and :meth:`NamespaceService.refresh`.
+call, and every assignment needs every record (isolation and anti-affinity span namespaces).
+
+Once started, the service lists the records and follows the store's watch, like the registry: the
+cache then holds every record as of the watch's last event, and :meth:`NamespaceService.list`
+answers from it without a request to the store; each record is parsed once per change. Before
+the start (and after :meth:`close`) it reads the store. A cached layout may lag another sidecar's
+split by the watch's delay; callers notice it (the bundle they found is Deleted) and
+:meth:`NamespaceService.refresh`. The one thing a lagging layout must never cause, an assignment
+of a split parent whose Deleted value was tombstoned, needs a lag longer than
+``monitor.tombstone_after_s`` (docs/safety.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -17,7 +27,8 @@ from lbd.core.errors import InvalidInputError, NotFoundError, PreconditionError
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies, NamespaceRecord
 from lbd.ports.errors import CasConflictError
-from lbd.ports.metadata import MetadataStore
+from lbd.ports.metadata import MetadataStore, NamespaceEvent
+from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
@@ -37,6 +48,59 @@ class NamespaceService:
         self._metadata = metadata
         self._default_bundles = default_bundles
         self._cache: dict[NamespaceName, tuple[NamespaceRecord, int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """List every record and start following the store's watch (UnavailableError when the
+        store cannot be reached). Idempotent."""
+        if self._task is not None:
+            return
+        found, revision = await self._metadata.list_namespaces()
+        self._cache.clear()
+        for name, versioned in found.items():
+            self._note(name, versioned.value, versioned.mod_revision)
+        self._task = guard(self._follow(revision), name="namespace-records")
+
+    async def close(self) -> None:
+        """Stop following the watch (reads go to the store again). Idempotent."""
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def _follow(self, revision: int) -> None:
+        async for event in self._metadata.watch_namespaces(revision):
+            self._apply(event)
+
+    def _apply(self, event: NamespaceEvent) -> None:
+        if event.value is None:
+            with contextlib.suppress(InvalidInputError):
+                self._cache.pop(NamespaceName.parse(event.namespace), None)
+            return
+        self._note(event.namespace, event.value, event.revision)
+
+    def _note(self, name: str, raw: bytes, revision: int) -> NamespaceRecord | None:
+        """Cache the record read as ``name`` at ``revision`` unless the cache has a newer one;
+        None (logged) when it is unreadable."""
+        try:
+            ns = NamespaceName.parse(name)
+        except InvalidInputError as e:
+            _log.warning("ignoring the namespace record stored as %r: %s", name, e)
+            return None
+        cached = self._cache.get(ns)
+        if cached is not None and cached[1] >= revision:
+            return cached[0]  # known already (this sidecar wrote it, or read it since)
+        try:
+            record = NamespaceRecord.from_json(raw)
+        except InvalidInputError as e:
+            _log.warning("ignoring the unreadable record of namespace %s: %s", name, e)
+            return None
+        self._keep(ns, record, revision)
+        return record
+
+    def _keep(self, ns: NamespaceName, record: NamespaceRecord, revision: int) -> None:
+        """Cache ``record`` as of ``revision`` unless the watch brought a newer one meanwhile."""
+        cached = self._cache.get(ns)
+        if cached is None or cached[1] <= revision:
+            self._cache[ns] = (record, revision)
 
     @property
     def default_bundles(self) -> int:
@@ -75,7 +139,7 @@ class NamespaceService:
             revision = await self._metadata.put_namespace(str(ns), record.to_json().encode(), 0)
         except CasConflictError:
             raise PreconditionError(f"namespace {ns} already exists") from None
-        self._cache[ns] = (record, revision)
+        self._keep(ns, record, revision)
         _log.info("created namespace %s with %d bundles", ns, len(record.bundles()))
         return record
 
@@ -124,19 +188,14 @@ class NamespaceService:
 
         return await self._swap(ns, change, f"split {parent} of")
 
-    async def list(self) -> list[NamespaceRecord]:
-        """Every namespace record, sorted by name (the cache is refreshed with them)."""
-        found = await self._metadata.list_namespaces()
-        records: list[NamespaceRecord] = []
-        for name, versioned in found.items():
-            try:
-                record = NamespaceRecord.from_json(versioned.value)
-            except InvalidInputError as e:
-                _log.warning("ignoring the unreadable record of namespace %s: %s", name, e)
-                continue
-            self._cache[record.name] = (record, versioned.mod_revision)
-            records.append(record)
-        return sorted(records, key=lambda r: r.name)
+    async def list(self, *, fresh: bool = False) -> list[NamespaceRecord]:
+        """Every namespace record, sorted by name: from the watched cache once started (unless
+        ``fresh``), else read from the store (and cached)."""
+        if self._task is None or fresh:
+            found, _ = await self._metadata.list_namespaces()
+            records = (self._note(n, v.value, v.mod_revision) for n, v in found.items())
+            return sorted((r for r in records if r is not None), key=lambda r: r.name)
+        return sorted((record for record, _ in self._cache.values()), key=lambda r: r.name)
 
     async def _read(self, ns: NamespaceName) -> tuple[NamespaceRecord, int]:
         versioned = await self._metadata.get_namespace(str(ns))
@@ -149,7 +208,7 @@ class NamespaceService:
             raise InvalidInputError(
                 f"the stored record of namespace {ns} is unreadable: {e}"
             ) from e
-        self._cache[ns] = (record, versioned.mod_revision)
+        self._keep(ns, record, versioned.mod_revision)
         return record, versioned.mod_revision
 
     async def _swap(self, ns: NamespaceName, change: _Change, what: str) -> NamespaceRecord:
@@ -165,7 +224,7 @@ class NamespaceService:
             except CasConflictError:
                 _log.info("%s namespace %s: lost a compare-and-swap, retrying", what, ns)
                 continue
-            self._cache[ns] = (new, new_revision)
+            self._keep(ns, new, new_revision)
             _log.info("%s namespace %s: done", what, ns)
             return new
         raise PreconditionError(

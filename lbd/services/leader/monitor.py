@@ -24,19 +24,29 @@ nobody else will:
 Forced writes carry the leader's term, so that a deposed leader's late overrides are rejected by
 every sidecar; the monitor also stops writing as soon as its table shows a higher term. Each fix
 is logged once, as one line with its reason.
+
+A sweep decides bundle by bundle, each on the value it read, and publishes its writes in a window
+of up to ``WRITE_WINDOW`` at once instead of one after another: a broker that leaves with ten
+thousand bundles is ten thousand announcements, then as many hand-overs. Each write's value is
+made in the same step as the check that the bundle did not move on (its version follows the value
+the fix was decided on), and the sweep ends when every write it started is persisted or failed.
+The namespace records and the registry's word on each gone broker are read once per sweep.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from lbd.core.assign import Selection
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
 from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.namespace import NamespaceRecord
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
@@ -52,6 +62,9 @@ from lbd.services.leader.governor import ExecutionGovernor
 _log = logging.getLogger(__name__)
 
 _S = ServiceUnitState
+
+WRITE_WINDOW = 512
+"""Channel writes one sweep has in flight at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +86,9 @@ class _Sweep:
 
     term: int
     now_ms: int
+    mono: float
+    """When the sweep read the table (monotonic): every value in it was applied before, and
+    every read of the store during the sweep comes after."""
     live: Mapping[BrokerId, BrokerInfo]
     away: Mapping[BrokerId, float]
     """Seconds each unregistered broker named in the table has been away."""
@@ -81,6 +97,16 @@ class _Sweep:
     failed: list[tuple[BundleId, str]] = field(default_factory=list)
     waiting: dict[BrokerId, float] = field(default_factory=dict)
     handing_over: dict[BundleId, float] = field(default_factory=dict)
+    records: list[NamespaceRecord] | None = None
+    """The namespace records, read once by the first fix that places a bundle."""
+    registered_now: dict[BrokerId, bool] = field(default_factory=dict)
+    """What the store itself said of each gone broker, asked once per sweep."""
+    writes: list[tuple[Fix, ServiceUnitStateData, asyncio.Task[object]]] = field(
+        default_factory=list
+    )
+    """The writes started, with their fix and the value each was decided on."""
+    window: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(WRITE_WINDOW))
+    """Taken before a fix checks its value, given back when its write is done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +186,13 @@ class OwnershipMonitor:
         if not self._follower.is_ready:
             return SweepReport(skipped="the channel is not caught up yet")
         live = self._registry.brokers()
+        mono = self._clock.monotonic()
         sweep = _Sweep(
             term=term,
             now_ms=self._clock.now_ms(),
+            mono=mono,
             live=live,
-            away=self._away_times(live, self._clock.monotonic()),
+            away=self._away_times(live, mono),
             skipped=None
             if self._registry.reachable
             else "safe mode: the broker registry cannot be reached",
@@ -173,36 +201,20 @@ class OwnershipMonitor:
         self._forget_undated(values)
         current = {(b, v.version_id) for b, v in values}
         self._announced = {k: t for k, t in self._announced.items() if k in current}
-        for bundle, value in values:
-            if self._deposed(term):
-                sweep.skipped = f"the channel shows a term above {term}"
-                break
-            try:
-                fix = await self._check(bundle, value, sweep)
-            except LbdError as e:
-                sweep.failed.append((bundle, str(e)))
-                _log.warning("monitor: could not fix %s: %s", bundle, e)
-                continue
-            if fix is not None:
-                sweep.fixes.append(fix)
-                _log.info(
-                    "monitor decision: bundle=%s kind=%s wrote=%s dst=%s term=%d reason=%s",
-                    fix.bundle,
-                    fix.kind,
-                    "tombstone" if fix.state is None else fix.state.value,
-                    fix.dst or "-",
-                    term,
-                    fix.reason,
-                )
-                self._count(fix.kind, SUCCESS)
-                self._decisions.record(
-                    fix.kind,
-                    fix.bundle,
-                    reason=fix.reason,
-                    source="monitor",
-                    src=server_of(value),
-                    dst=fix.dst,
-                )
+        try:
+            for bundle, value in values:
+                if self._deposed(term):
+                    sweep.skipped = f"the channel shows a term above {term}"
+                    break
+                try:
+                    await self._check(bundle, value, sweep)
+                except LbdError as e:
+                    sweep.failed.append((bundle, str(e)))
+                    _log.warning("monitor: could not fix %s: %s", bundle, e)
+            await self._settle_writes(sweep)
+        finally:
+            for _, _, task in sweep.writes:
+                task.cancel()  # only left running when the sweep itself was cancelled
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
         return SweepReport(
@@ -213,6 +225,61 @@ class OwnershipMonitor:
             sweep.skipped,
         )
 
+    async def _settle_writes(self, sweep: _Sweep) -> None:
+        """Wait for every write the sweep started; account each as a fix or a failure."""
+        if sweep.writes:
+            await asyncio.wait([task for _, _, task in sweep.writes])
+        for fix, seen, task in sweep.writes:
+            error = task.exception()
+            if error is not None:
+                if not isinstance(error, LbdError):
+                    raise error
+                self._count(fix.kind, FAILURE)
+                sweep.failed.append((fix.bundle, str(error)))
+                _log.warning("monitor: could not fix %s: %s", fix.bundle, error)
+                continue
+            sweep.fixes.append(fix)
+            _log.info(
+                "monitor decision: bundle=%s kind=%s wrote=%s dst=%s term=%d reason=%s",
+                fix.bundle,
+                fix.kind,
+                "tombstone" if fix.state is None else fix.state.value,
+                fix.dst or "-",
+                sweep.term,
+                fix.reason,
+            )
+            self._count(fix.kind, SUCCESS)
+            self._decisions.record(
+                fix.kind,
+                fix.bundle,
+                reason=fix.reason,
+                source="monitor",
+                src=server_of(seen),
+                dst=fix.dst,
+            )
+        sweep.writes.clear()
+
+    def _start_write(
+        self,
+        sweep: _Sweep,
+        fix: Fix,
+        seen: ServiceUnitStateData,
+        write: Awaitable[object],
+        on_persisted: Callable[[], None] | None = None,
+    ) -> None:
+        """Publish ``write`` in the background, in the window slot the caller took."""
+
+        async def run() -> object:
+            try:
+                result = await write
+            finally:
+                sweep.window.release()
+            if on_persisted is not None:
+                on_persisted()
+            return result
+
+        sweep.writes.append((fix, seen, asyncio.ensure_future(run())))
+
     # -- the rules --------------------------------------------------------------------------
 
     async def _check(
@@ -222,9 +289,11 @@ class OwnershipMonitor:
         if value.state in (_S.Free, _S.Deleted):
             if age_ms < self._settings.tombstone_after_s * 1000:
                 return None
-            await self._written("tombstone", self._proposer.tombstone(bundle))
             reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
-            return Fix(bundle, "tombstone", None, None, reason)
+            fix = Fix(bundle, "tombstone", None, None, reason)
+            await sweep.window.acquire()
+            self._start_write(sweep, fix, value, self._proposer.tombstone(bundle))
+            return fix
         if sweep.skipped is not None:
             return None
         server = server_of(value)
@@ -265,23 +334,27 @@ class OwnershipMonitor:
                 seen=value,
             )
         if value.state is not _S.Releasing:
-            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=server)
-            fix = await self._force(
+            selection = await self._choose(bundle, sweep, avoid=server)
+            term, dst = sweep.term, selection.broker
+
+            def persisted() -> None:
+                # The wait may count from here, before this sidecar reads the announcement.
+                self._written_at[bundle] = (self._clock.monotonic(), dst, term)
+
+            return await self._force(
                 bundle,
                 sweep,
                 "orphan",
                 _S.Releasing,
-                selection.broker,
+                dst,
                 server,
                 f"{reason}; announcing the move; {selection.reason}",
                 seen=value,
+                on_persisted=persisted,
             )
-            if fix is None:
-                return None
-            # Persisted by now: the wait may count from here, before this sidecar reads it.
-            self._written_at[bundle] = (self._clock.monotonic(), selection.broker, sweep.term)
-            return fix
-        now = self._clock.monotonic()
+        # Due by the time the sweep read the table: the store's word on the gone broker, asked
+        # once during the sweep, is then read after every hand-over's wait ended.
+        now = sweep.mono
         written = self._written_at.pop(bundle, None)
         start = now
         if written is not None and value.force:
@@ -294,11 +367,11 @@ class OwnershipMonitor:
         if announced_s < wait_s:
             sweep.handing_over[bundle] = announced_s
             return None
-        if await self._registry.registered_now(server):
+        if await self._registered_now(server, sweep):
             return None  # it came back: its sidecar finishes the move itself
         dst = value.dst_broker
         if dst is None or dst not in sweep.live:
-            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=server)
+            selection = await self._choose(bundle, sweep, avoid=server)
             dst = selection.broker
             reason = f"{reason}; {selection.reason}"
         reason = f"{reason}; announced {announced_s:.0f}s ago (hand-over wait {wait_s:g}s)"
@@ -320,6 +393,24 @@ class OwnershipMonitor:
         if assigned is None and slot is not None:
             slot.release()  # nothing was written: the slot is not in use
         return assigned
+
+    async def _choose(
+        self, bundle: BundleId, sweep: _Sweep, *, avoid: BrokerId | None
+    ) -> Selection:
+        """A live broker for ``bundle``, placed by the namespace records read once per sweep."""
+        if sweep.records is None:
+            sweep.records = await self._namespaces.list()
+        return await self._assigner.choose(
+            bundle, among=sweep.live, avoid=avoid, records=sweep.records
+        )
+
+    async def _registered_now(self, broker: BrokerId, sweep: _Sweep) -> bool:
+        """Whether the store itself (not the watch, which may lag) has ``broker`` registered,
+        asked once per sweep."""
+        known = sweep.registered_now.get(broker)
+        if known is None:
+            known = sweep.registered_now[broker] = await self._registry.registered_now(broker)
+        return known
 
     async def _unstick(
         self, bundle: BundleId, value: ServiceUnitStateData, sweep: _Sweep, reason: str
@@ -345,7 +436,7 @@ class OwnershipMonitor:
         if value.state is _S.Assigning:
             # Its destination may have taken it: it releases it first, as in a transfer.
             stuck_on = value.dst_broker
-            selection = await self._assigner.choose(bundle, among=sweep.live, avoid=stuck_on)
+            selection = await self._choose(bundle, sweep, avoid=stuck_on)
             return await self._force(
                 bundle,
                 sweep,
@@ -379,19 +470,24 @@ class OwnershipMonitor:
         reason: str,
         *,
         seen: ServiceUnitStateData,
+        on_persisted: Callable[[], None] | None = None,
     ) -> Fix | None:
-        """Write the forced value, on top of ``seen`` (the value the fix was decided on), or
-        nothing if the bundle moved on since: a fix decided on an old value (the sweep awaited
-        the registry, the layout or an earlier write meanwhile) must never land on a newer one.
-        The version is taken from ``seen`` by the proposer in the same breath as this check."""
+        """Start writing the forced value, on top of ``seen`` (the value the fix was decided
+        on), or nothing if the bundle moved on since: a fix decided on an old value (the sweep
+        awaited the registry, the layout, or a slot of its write window meanwhile) must never
+        land on a newer one. The value is made in the same step as this check, its version
+        following ``seen``; ``on_persisted`` runs once the write is persisted."""
+        await sweep.window.acquire()
         if self._follower.get(bundle) != seen:
+            sweep.window.release()
             _log.info("%s moved on since the sweep read it: %s not written", bundle, state.value)
             return None
-        write = self._proposer.propose(
+        value = self._proposer.next_value(
             bundle, state, dst=dst, src=src, force=True, leader_term=sweep.term
         )
-        await self._written(kind, write)
-        return Fix(bundle, kind, state, dst, reason)
+        fix = Fix(bundle, kind, state, dst, reason)
+        self._start_write(sweep, fix, seen, self._proposer.publish(bundle, value), on_persisted)
+        return fix
 
     async def _cut_layout(self, bundle: BundleId, value: ServiceUnitStateData) -> bool:
         """Cut the parent in its namespace layout as the split planned, before the split is
@@ -422,14 +518,6 @@ class OwnershipMonitor:
         return parsed.range not in {b.range for b in record.bundles().bundles()}
 
     # -- bookkeeping --------------------------------------------------------------------------
-
-    async def _written(self, kind: str, write: Awaitable[object]) -> None:
-        """Await the channel write ``write``; count a failure before re-raising it."""
-        try:
-            await write
-        except LbdError:
-            self._count(kind, FAILURE)
-            raise
 
     def _away_times(self, live: Mapping[BrokerId, BrokerInfo], now: float) -> dict[BrokerId, float]:
         """Seconds each unregistered broker named in the table has been away."""

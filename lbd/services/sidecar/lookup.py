@@ -29,7 +29,8 @@ from lbd.core.audit import DeadOwnerAnswers
 from lbd.core.broker import BrokerInfo
 from lbd.core.errors import DeadlineError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.names import TopicName
+from lbd.core.names import NamespaceName, TopicName
+from lbd.core.namespace import NamespaceRecord
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
 from lbd.metrics import FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
@@ -47,6 +48,9 @@ _S = ServiceUnitState
 
 MAX_LAYOUT_RETRIES = 16
 """Namespace layouts a lookup reads before giving up (each retry follows a split)."""
+
+LOCATED_LIMIT = 100_000
+"""Topics whose bundle is remembered (the memo is emptied when it reaches this size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,9 @@ class LookupService:
         self._settle_timeout_s = settle_timeout_s
         self._shared: dict[BundleId, asyncio.Task[None]] = {}
         self._dead_owners = DeadOwnerAnswers()
+        self._located: dict[str, tuple[NamespaceRecord, BundleId]] = {}
+        """Topic -> the layout it was found in and its bundle there: valid while that very
+        record is the cached one (a split or a refresh replaces it)."""
 
     @property
     def dead_owners(self) -> DeadOwnerAnswers:
@@ -108,9 +115,24 @@ class LookupService:
 
     async def bundle_of(self, topic: str) -> BundleId:
         """The bundle ``topic`` belongs to now (InvalidInputError, NotFoundError)."""
+        _, bundle = await self._locate(topic)
+        return bundle
+
+    async def _locate(self, topic: str) -> tuple[NamespaceName, BundleId]:
+        """The namespace of ``topic`` and its bundle in the cached layout (parsed, hashed and
+        searched once per topic and layout: a lookup's answer is mostly this)."""
+        hit = self._located.get(topic)
+        if hit is not None:
+            record, bundle = hit
+            if self._namespaces.cached(record.name) is record:
+                return record.name, bundle
         name = TopicName.parse(topic)
         record = await self._namespaces.get(name.namespace)
-        return record.bundles().find(name).id
+        bundle = record.bundles().find(name).id
+        if len(self._located) >= LOCATED_LIMIT:
+            self._located.clear()
+        self._located[topic] = (record, bundle)
+        return name.namespace, bundle
 
     async def lookup(self, topic: str, *, read_only: bool = False) -> LookupResult:
         """The bundle of ``topic`` and its owner, assigning the bundle when it has none.
@@ -120,22 +142,20 @@ class LookupService:
         (not Owned in time), UnavailableError (safe mode and an assignment is needed; fenced
         and this broker is the owner; no broker available).
         """
-        name = TopicName.parse(topic)
         for _ in range(MAX_LAYOUT_RETRIES):
-            record = await self._namespaces.get(name.namespace)
-            bundle = record.bundles().find(name).id
+            namespace, bundle = await self._locate(topic)
             value = self._follower.get(bundle)
-            state = state_of(value)
-            if value is not None and state is _S.Owned:
+            if value is not None and value.state is _S.Owned:
                 return self._answer(bundle, value)
+            state = state_of(value)
             if state is _S.Deleted:
-                await self._namespaces.refresh(name.namespace)
+                await self._namespaces.refresh(namespace)
                 continue
             if read_only:
                 return LookupResult(bundle, state)
             await self._settle_shared(bundle)
         raise DeadlineError(
-            f"lookup of {topic}: the layout of {name.namespace} kept changing "
+            f"lookup of {topic}: the layout of {TopicName.parse(topic).namespace} kept changing "
             f"({MAX_LAYOUT_RETRIES} reads)"
         )
 

@@ -60,6 +60,7 @@ class ScriptedSidecar(lbd_pb2_grpc.LoadBalancerServicer):
     def __init__(self) -> None:
         self.sessions: asyncio.Queue[Session] = asyncio.Queue()
         self.watches: asyncio.Queue[asyncio.Queue[lbd_pb2.OwnershipChange | None]] = asyncio.Queue()
+        self.watch_requests: list[lbd_pb2.WatchOwnershipRequest] = []
         self.refuse = False
 
     async def next_session(self) -> Session:
@@ -95,6 +96,7 @@ class ScriptedSidecar(lbd_pb2_grpc.LoadBalancerServicer):
         if self.refuse:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "refused by the test")
         feed: asyncio.Queue[lbd_pb2.OwnershipChange | None] = asyncio.Queue()
+        self.watch_requests.append(request)
         self.watches.put_nowait(feed)
         while (change := await feed.get()) is not None:
             yield change

@@ -120,3 +120,53 @@ async def test_a_split_is_compare_and_swap_and_idempotent(stores) -> None:
     with pytest.raises(InvalidInputError, match="max_bundles 2 is below its current 5"):
         await a.set_policies(NS, NamespacePolicies(max_bundles=2))
     assert (await a.refresh(NS)).boundaries == split.boundaries
+
+
+async def test_a_started_service_follows_the_watch_and_lists_without_asking_the_store(
+    stores,
+) -> None:
+    _clock, _cluster, make = stores
+    store = await make()
+    watching, writer = NamespaceService(store), NamespaceService(await make())
+    await writer.ensure(NS, 4)
+    await watching.start()
+    try:
+        assert watching.cached(NS) == await writer.get(NS)  # listed at the start
+        other = NamespaceName("t", "n")
+        created = await writer.create(other, 2)
+        split = await writer.split(NS, BundleRange(0, 0x40000000), [0x20000000])
+
+        for _ in range(100):  # the watch delivers another writer's changes, without a refresh
+            if watching.cached(other) == created and watching.cached(NS) == split:
+                break
+            await asyncio.sleep(0)
+        assert (watching.cached(other), watching.cached(NS)) == (created, split)
+        store.set_cut_off(True)
+        # From the watched cache: no request to the store, which would fail now.
+        assert [r.boundaries for r in await watching.list()] == [
+            split.boundaries,
+            created.boundaries,
+        ]
+        with pytest.raises(UnavailableError):
+            await watching.list(fresh=True)
+        store.set_cut_off(False)
+    finally:
+        await watching.close()
+    await writer.split(NS, BundleRange(0x40000000, 0x80000000), [0x60000000])
+    # Closed: reads go to the store again.
+    assert len((await watching.list())[0].bundles()) == 6
+
+
+async def test_a_watched_cache_never_goes_back_to_an_older_record(stores) -> None:
+    _clock, _cluster, make = stores
+    service = NamespaceService(await make())
+    await service.start()
+    try:
+        await service.ensure(NS, 4)
+        newer = await service.split(NS, BundleRange(0, 0x40000000), [0x20000000])
+        for _ in range(10):  # the watch delivers the create, then the split
+            await asyncio.sleep(0)
+        assert service.cached(NS) == newer
+        assert [r.boundaries for r in await service.list()] == [newer.boundaries]
+    finally:
+        await service.close()

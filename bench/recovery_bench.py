@@ -1,0 +1,189 @@
+"""Orphans owned again: a broker with N bundles is killed, until every bundle is Owned elsewhere.
+
+``python -m bench.recovery_bench [--bundles N]`` starts a 3-broker dev cluster of its own (lease
+TTL 3 s, orphan cleanup grace 7 s, hand-over wait 9 s), cordons two brokers so that every bundle
+of an N-bundle namespace is assigned to the third, uncordons them, kills the third's sidecar and
+broker with SIGKILL (a non-leader), and follows the survivors' channel with ``WatchOwnership``,
+timing each phase of the repair from the kill:
+
+- the first and last announcement (``Releasing`` from the dead broker): the cleanup grace ends;
+- the first and last hand-over (``Assigning`` to a live broker): the hand-over wait ends;
+- the last bundle Owned by a live broker.
+
+The protocol fixes the waits (lease TTL, then the grace, then the hand-over wait after each
+announcement); what the repair itself costs is the spread of each phase and the time from the
+first hand-over to the last bundle Owned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from rich.console import Console
+
+from bench.report import measurements_table
+from lbd.core.bundles import NamespaceBundles
+from lbd.core.names import NamespaceName
+from lbd.ctl.client import SidecarClient
+from lbd.devcluster.cluster import DevCluster, DevClusterSpec, down, up
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.sim.workload import Workload, WorkloadSpec
+
+NAMESPACE = "bench/recovery"
+TIMEOUT_S = 300.0
+ASSIGN_CONCURRENCY = 32
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Seconds after the kill at which each phase began and ended (None: not seen)."""
+
+    first_announced: float | None = None
+    last_announced: float | None = None
+    first_handover: float | None = None
+    last_handover: float | None = None
+    all_owned: float | None = None
+
+
+def run(*, bundles: int = 10_000) -> dict[str, float]:
+    """Start a dev cluster, measure one broker's death with ``bundles`` bundles, stop it."""
+    with tempfile.TemporaryDirectory(prefix="lbd-bench-recovery-") as tmp:
+        state_dir = Path(tmp) / "dev"
+        cluster = up(state_dir, DevClusterSpec(brokers=3))
+        try:
+            return _measure(cluster, bundles)
+        finally:
+            down(state_dir)
+
+
+def _measure(cluster: DevCluster, bundles: int) -> dict[str, float]:
+    first = cluster.nodes[0]
+    with SidecarClient(first.grpc_addr, timeout_s=60) as client:
+        leader = client.leader().broker_id
+        victim = next(n for n in cluster.nodes if n.broker_id != leader)
+        others = [n.broker_id for n in cluster.nodes if n is not victim]
+        for broker in others:
+            client.cordon(broker, "bench: every bundle goes to the victim")
+        client.create_namespace(NAMESPACE, bundles)
+        started = time.monotonic()
+        _assign_all(first.grpc_addr, bundles)
+        assign_s = time.monotonic() - started
+        for broker in others:
+            client.uncordon(broker)
+    survivor = next(n for n in cluster.nodes if n.broker_id == leader)
+    timeline = Timeline()
+    ready = threading.Event()
+    killed_at: list[float] = []
+    watcher = threading.Thread(
+        target=lambda: asyncio.run(
+            _watch(survivor.grpc_addr, victim.broker_id, bundles, timeline, ready, killed_at)
+        ),
+        daemon=True,
+    )
+    watcher.start()
+    if not ready.wait(60):
+        raise TimeoutError("the ownership watch did not start")
+    killed_at.append(time.monotonic())
+    os.kill(victim.sidecar.pid, signal.SIGKILL)
+    os.kill(victim.broker.pid, signal.SIGKILL)
+    watcher.join(TIMEOUT_S)
+    if timeline.all_owned is None:
+        raise TimeoutError(f"the orphans were not all Owned again within {TIMEOUT_S:g}s")
+    result = {
+        "bundles": float(bundles),
+        "setup: bundles assigned per second": bundles / assign_s,
+    }
+    for name, value in (
+        ("first announcement (s after kill)", timeline.first_announced),
+        ("last announcement (s after kill)", timeline.last_announced),
+        ("first hand-over (s after kill)", timeline.first_handover),
+        ("last hand-over (s after kill)", timeline.last_handover),
+        ("all Owned again (s after kill)", timeline.all_owned),
+    ):
+        if value is not None:
+            result[name] = value
+    if timeline.first_handover is not None:
+        result["first hand-over to all Owned (s)"] = timeline.all_owned - timeline.first_handover
+    if timeline.first_announced is not None and timeline.last_announced is not None:
+        result["announcement spread (s)"] = timeline.last_announced - timeline.first_announced
+    return result
+
+
+def _assign_all(addr: str, bundles: int) -> None:
+    layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), bundles)
+    workload = Workload(WorkloadSpec(topics_per_bundle=1))
+    topics = [workload.topics(b.id)[0] for b in layout.bundles()]
+    with (
+        SidecarClient(addr, timeout_s=60) as client,
+        ThreadPoolExecutor(ASSIGN_CONCURRENCY) as pool,
+    ):
+        for _ in pool.map(client.lookup, topics):
+            pass
+
+
+async def _watch(
+    addr: str,
+    victim: str,
+    bundles: int,
+    timeline: Timeline,
+    ready: threading.Event,
+    killed_at: list[float],
+) -> None:
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = lbd_pb2_grpc.LoadBalancerStub(channel)
+        stream = stub.WatchOwnership(lbd_pb2.WatchOwnershipRequest(namespace=NAMESPACE))
+        owned_elsewhere: set[str] = set()
+        announced: set[str] = set()
+        handed: set[str] = set()
+        deadline = time.monotonic() + TIMEOUT_S
+        async for change in stream:
+            if change.snapshot_done:
+                ready.set()
+                continue
+            if not killed_at:
+                continue
+            at = time.monotonic() - killed_at[0]
+            state, owner = change.state, change.owner_broker_id
+            if state == lbd_pb2.BUNDLE_STATE_RELEASING and change.source_broker_id == victim:
+                announced.add(change.bundle)
+                timeline.first_announced = timeline.first_announced or at
+                if len(announced) == bundles:
+                    timeline.last_announced = at
+            elif state == lbd_pb2.BUNDLE_STATE_ASSIGNING and owner != victim:
+                handed.add(change.bundle)
+                timeline.first_handover = timeline.first_handover or at
+                if len(handed) == bundles:
+                    timeline.last_handover = at
+            elif state == lbd_pb2.BUNDLE_STATE_OWNED and owner != victim:
+                owned_elsewhere.add(change.bundle)
+                if len(owned_elsewhere) == bundles:
+                    timeline.all_owned = at
+                    stream.cancel()
+                    return
+            if time.monotonic() > deadline:
+                stream.cancel()
+                return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.recovery_bench", description=__doc__)
+    parser.add_argument("--bundles", type=int, default=10_000)
+    args = parser.parse_args()
+    console = Console()
+    with console.status(f"recovery: {args.bundles:,} orphans on a dev cluster..."):
+        result = run(bundles=args.bundles)
+    console.print(measurements_table("orphans owned again after kill -9", result))
+
+
+if __name__ == "__main__":
+    main()
