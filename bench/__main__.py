@@ -12,7 +12,8 @@ shedding strategy on the standard balancing scenarios, as ``lbd bench balance``)
 the default execution governor, on a dev cluster it starts itself), ``lookup`` (owned Lookups on a
 sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to the gRPC
 ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
-``broker_cache`` (the broker-side ownership cache's topic lookups, in process).
+``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``assign``
+(new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import (
+    assign_bench,
     broker_cache_bench,
     channel_bench,
     core,
@@ -47,6 +49,7 @@ SUITES = (
     "startup",
     "sidecar",
     "lookup",
+    "assign",
     "recovery",
     "operating",
     "outages",
@@ -97,6 +100,11 @@ def main() -> None:
         lookups = 1_000 if args.quick else 4_000
         with console.status(f"lookup: {lookups:,} owned lookups, lbd and a trivial server..."):
             console.print(lookup_bench.table(lookup_bench.run(lookups=lookups)))
+    if "assign" in suites:
+        bundles = 1_000 if args.quick else 4_000
+        with console.status(f"assign: {bundles:,} new bundles, one at a time then in bulk..."):
+            result = assign_bench.run(bundles=bundles)
+        console.print(measurements_table("new-bundle assignment on a dev cluster", result))
     if "recovery" in suites:
         orphans = 1_000 if args.quick else 10_000
         with console.status(f"recovery: a broker with {orphans:,} bundles killed..."):

@@ -59,7 +59,12 @@ def run(*, bundles: int = 10_000) -> dict[str, float]:
     """Start a dev cluster, measure one broker's death with ``bundles`` bundles, stop it."""
     with tempfile.TemporaryDirectory(prefix="lbd-bench-recovery-") as tmp:
         state_dir = Path(tmp) / "dev"
-        cluster = up(state_dir, DevClusterSpec(brokers=3))
+        # One broker takes every bundle: the simulated brokers' topics would pass the default
+        # max topics per broker (50,000) before ten thousand bundles.
+        spec = DevClusterSpec(brokers=3).with_overrides(
+            ["assignment.max_topics_per_broker=10000000"]
+        )
+        cluster = up(state_dir, spec)
         try:
             return _measure(cluster, bundles)
         finally:

@@ -35,6 +35,11 @@ from lbd.services.sidecar.fencing import Fence
 
 _log = logging.getLogger(__name__)
 
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+"""Largest message a caller may send. gRPC's default, 4 MiB, is less than the load report of a
+broker serving about ten thousand bundles (per-bundle stats and top topics): over it the broker's
+session broke at every report, and its acknowledgements with it."""
+
 SERVICE_NAMES = tuple(
     lbd_pb2.DESCRIPTOR.services_by_name[name].full_name for name in ("LoadBalancer", "Admin")
 )
@@ -111,7 +116,9 @@ class ApiServer:
             layers.append(AuthInterceptor(authenticator))
         self._errors = ErrorInterceptor(metrics)
         layers.append(self._errors)
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
+        )
         registration = WrappedRegistration(self._server, layers)
         lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, registration)
         lbd_pb2_grpc.add_AdminServicer_to_server(admin, registration)

@@ -22,6 +22,7 @@ Two differences are kept, each for a case where Pulsar's result is a split that 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 import zlib
@@ -130,11 +131,13 @@ class Bundle:
         return self.id
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def parse_bundle_id(text: str) -> Bundle:
     """Parse ``tenant/namespace/0xLLLLLLLL_0xHHHHHHHH`` (hex digits of any case).
 
     Raises InvalidInputError naming the part that is wrong. ``Bundle.id`` of the result is the
-    canonical, lower-case spelling.
+    canonical, lower-case spelling. Results are remembered (bundles are immutable, and the same
+    ids are parsed over and over on the hot paths).
     """
     ns_text, sep, range_text = text.rpartition("/")
     if not sep:

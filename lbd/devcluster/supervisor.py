@@ -145,7 +145,11 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         )
     children.append(etcd)
     etcd.start()
-    pulsar = PulsarLiteServer(state_dir / "pulsar", log_level="warn")
+    # Errors only: pulsar-lite warns once per message for every reader that was ever closed on a
+    # topic ("No dispatcher found for subscription"), and each read barrier closes one. With a
+    # few hundred closed readers and thousands of messages that is millions of lines, and
+    # pulsar-lite spends its time writing them.
+    pulsar = PulsarLiteServer(state_dir / "pulsar", log_level="error")
     children.append(pulsar)
     pulsar.start()
     _log.info("etcd at %s, pulsar-lite at %s", etcd.client_url, pulsar.service_url)

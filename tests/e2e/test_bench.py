@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench import lookup_bench, operating_bench, recovery_bench, sidecar_bench
+from bench import assign_bench, lookup_bench, operating_bench, recovery_bench, sidecar_bench
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
@@ -47,3 +47,10 @@ def test_the_recovery_benchmark_times_each_phase_of_an_orphan_repair() -> None:
     assert handed_over >= announced + 8.5
     assert result["all Owned again (s after kill)"] >= result["last hand-over (s after kill)"]
     assert result["all Owned again (s after kill)"] < 60
+
+
+def test_the_assignment_benchmark_measures_one_at_a_time_and_in_bulk() -> None:
+    result = assign_bench.run(bundles=120, sequential=20, concurrency=8)
+    assert 0 < result["one at a time: p50 ms"] <= result["one at a time: p99 ms"]
+    assert result["in bulk: bundles"] == 100
+    assert result["in bulk (8 in flight): assignments/s"] > 0

@@ -222,7 +222,7 @@ class Assigner:
             selection = self._choose(bundle, records, exclude=exclude)
             assert selection.broker is not None
             dst = selection.broker
-            _log.info("assigning %s", selection.reason)
+            _log.debug("assigning %s", selection.reason)
         await self._proposer.propose(bundle, ServiceUnitState.Assigning, dst=dst)
         self.proposals += 1
         self._history.record_decision("assign", bundle, reason=reason, dst=dst)

@@ -37,6 +37,9 @@ class LoadView:
         self._ttl_ms = round(ttl_s * 1000)
         self._rejected: dict[tuple[str, str], str] = {}
         """(topic, key) -> the reason last logged, so a bad publisher is logged once."""
+        self._decoded: dict[tuple[str, str], tuple[bytes, object]] = {}
+        """(topic, key) -> the raw value last decoded and what it decoded to: the assigner
+        reads every broker's load on every choice, and a value changes once per report."""
 
     async def start(self) -> None:
         """Start reading both topics (UnavailableError when Pulsar cannot be reached)."""
@@ -71,6 +74,10 @@ class LoadView:
     ) -> dict[BrokerId, _Data]:
         out: dict[BrokerId, _Data] = {}
         for key, raw in store.latest(self._clock.now_ms(), self._ttl_ms).items():
+            known = self._decoded.get((topic, key))
+            if known is not None and known[0] == raw:
+                out[BrokerId(key)] = known[1]  # type: ignore[assignment]  # decoded as _Data
+                continue
             try:
                 value = decode(raw)
             except InvalidInputError as e:
@@ -80,6 +87,7 @@ class LoadView:
                 self._reject(topic, key, f"names broker {value.broker}")
                 continue
             self._rejected.pop((topic, key), None)
+            self._decoded[(topic, key)] = (raw, value)
             out[BrokerId(key)] = value
         return out
 

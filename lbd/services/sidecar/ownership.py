@@ -271,7 +271,7 @@ class OwnershipReactor:
         won = await self._propose_next(
             bundle, value, _S.Owned, dst=self._me, src=value.source_broker
         )
-        _log.info("%s: Owned by %s%s", bundle, self._me, "" if won else " not accepted")
+        _log.debug("%s: Owned by %s%s", bundle, self._me, "" if won else " not accepted")
 
     async def _release(self, bundle: BundleId, value: ServiceUnitStateData) -> None:
         if self._released.get(bundle) != value.version_id:
