@@ -16,6 +16,7 @@ from lbd.core.broker import (
     BrokerMessage,
     CommandAck,
     Hello,
+    LazyTopics,
     LeaseRequest,
     LoadReport,
     OwnCommand,
@@ -176,17 +177,31 @@ def _bundle_load(msg: lbd_pb2.BundleStats) -> BundleLoad:
     )
 
 
+def _topic_loads(stats: Iterable[lbd_pb2.TopicStats]) -> tuple[TopicLoad, ...]:
+    return tuple(
+        TopicLoad(t.topic, msg_rate=t.msg_rate, throughput=t.msg_throughput) for t in stats
+    )
+
+
 def load_report_from_proto(msg: lbd_pb2.LoadReport) -> LoadReport:
     """A broker's load report; the broker-wide rates are the sums over its bundles."""
     bundles = tuple(_bundle_load(b) for b in msg.bundles)
-    topics = {
-        load.bundle: tuple(
-            TopicLoad(t.topic, msg_rate=t.msg_rate, throughput=t.msg_throughput)
-            for t in stats.topic_stats
-        )
-        for load, stats in zip(bundles, msg.bundles, strict=True)
-        if stats.topic_stats
-    }
+    for stats in msg.bundles:
+        for t in stats.topic_stats:
+            if t.msg_rate < 0 or t.msg_throughput < 0:
+                raise InvalidInputError(
+                    f"load.bundles.topic_stats: topic {t.topic!r}: msg_rate and msg_throughput "
+                    f"must be >= 0, got {t.msg_rate} and {t.msg_throughput}"
+                )
+    # Checked above, made when a split asks for them.
+    topics = LazyTopics(
+        {
+            load.bundle: stats.topic_stats
+            for load, stats in zip(bundles, msg.bundles, strict=True)
+            if stats.topic_stats
+        },
+        _topic_loads,
+    )
     usage = BrokerUsage(
         cpu=_usage(msg.cpu, "cpu"),
         memory=_usage(msg.memory, "memory"),

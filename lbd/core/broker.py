@@ -11,7 +11,7 @@ see protobuf.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -109,6 +109,37 @@ class Hello:
     info: BrokerInfo
 
 
+class LazyTopics(Mapping[BundleId, tuple[TopicLoad, ...]]):
+    """Read-only topic stats per bundle, each bundle's made on first access from what the
+    report carried (``convert`` of its raw entry), then kept.
+
+    A broker reports every bundle's busiest topics every interval, while only a split looks at
+    them, one bundle at a time: a report of ten thousand bundles is not turned into fifty thousand
+    objects nobody reads.
+    """
+
+    __slots__ = ("_convert", "_made", "_raw")
+
+    def __init__(
+        self, raw: Mapping[BundleId, Any], convert: Callable[[Any], tuple[TopicLoad, ...]]
+    ) -> None:
+        self._raw = dict(raw)
+        self._convert = convert
+        self._made: dict[BundleId, tuple[TopicLoad, ...]] = {}
+
+    def __getitem__(self, bundle: BundleId) -> tuple[TopicLoad, ...]:
+        made = self._made.get(bundle)
+        if made is None:
+            made = self._made[bundle] = self._convert(self._raw[bundle])
+        return made
+
+    def __iter__(self) -> Iterator[BundleId]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 @dataclass(frozen=True, slots=True)
 class LoadReport:
     """A broker's load: its resource usage, per-bundle stats and, optionally, per-topic stats.
@@ -127,7 +158,8 @@ class LoadReport:
             if load.bundle in seen:
                 raise InvalidInputError(f"load report: bundle {load.bundle} is reported twice")
             seen.add(load.bundle)
-        object.__setattr__(self, "topics", MappingProxyType(dict(self.topics)))
+        if not isinstance(self.topics, LazyTopics):  # read-only already
+            object.__setattr__(self, "topics", MappingProxyType(dict(self.topics)))
 
     def bundle(self, bundle: BundleId) -> BundleLoad | None:
         """The stats of one bundle, or None when the report has none."""

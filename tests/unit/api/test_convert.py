@@ -106,6 +106,22 @@ def test_load_report_sums_bundles_and_keeps_topics() -> None:
     assert core.topics_of(BundleId("public/default/0x40000000_0x80000000")) == ()
 
 
+def test_a_load_report_s_topic_stats_are_checked_at_once_and_made_when_asked() -> None:
+    stats = lbd_pb2.TopicStats(topic="persistent://public/default/t", msg_rate=5)
+    report = lbd_pb2.LoadReport(
+        bundles=[lbd_pb2.BundleStats(bundle=BUNDLE, topics=1, topic_stats=[stats])]
+    )
+    core = convert.load_report_from_proto(report)
+    assert dict(core.topics) == {BUNDLE: (TopicLoad("persistent://public/default/t", 5, 0),)}
+    assert core.topics_of(BUNDLE) is core.topics_of(BUNDLE)  # made once
+    stats.msg_throughput = -1
+    bad = lbd_pb2.LoadReport(
+        bundles=[lbd_pb2.BundleStats(bundle=BUNDLE, topics=1, topic_stats=[stats])]
+    )
+    with pytest.raises(InvalidInputError, match="msg_rate and msg_throughput must be >= 0"):
+        convert.load_report_from_proto(bad)
+
+
 def test_load_report_with_a_bad_bundle_names_the_field() -> None:
     report = lbd_pb2.LoadReport(bundles=[lbd_pb2.BundleStats(bundle="nope")])
     with pytest.raises(InvalidInputError, match="invalid bundle id 'nope'"):
