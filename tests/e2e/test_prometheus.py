@@ -146,9 +146,11 @@ def test_no_alert_on_a_healthy_cluster_and_lbd_fenced_fires_when_sidecars_fence(
     leaders = prometheus.get("/api/v1/query?query=sum(lbd_is_leader)")["result"]
     assert [float(r["value"][1]) for r in leaders] == [1.0]
 
+    # Firing is what reaches an operator; a rule may be pending for a moment on a loaded machine
+    # (a leader re-elected within the dev cluster's 3 s lease TTL), which its `for` is there for.
     deadline = time.monotonic() + QUIET_EVALUATIONS_S
     while time.monotonic() < deadline:
-        assert prometheus.alerts() == []
+        assert prometheus.alerts("firing") == []
         time.sleep(0.5)
 
     servers = (cluster.record.etcd.pid, cluster.record.pulsar.pid)
