@@ -8,7 +8,6 @@ so the shared ones stay healthy for everyone else.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -18,6 +17,7 @@ import pulsar.asyncio
 import pytest
 from pytest_asyncio import is_async_test
 
+from lbd.adapters.pulsar_client import native_logger
 from lbd.devcluster import EtcdServer, PulsarLiteServer
 
 CLIENT_TIMEOUT_S = 5
@@ -96,8 +96,8 @@ def pulsar_topic() -> str:
 async def pulsar_clients() -> AsyncIterator[PulsarClientFactory]:
     """Make asyncio Pulsar clients of any server; all (with their producers/readers) closed after.
 
-    Timeouts are short, and the C++ client logs through Python logging, so pytest shows its log
-    with a failing test instead of printing it to the terminal.
+    Timeouts are short. The client logs natively (warnings and errors only, see
+    :func:`~lbd.adapters.pulsar_client.native_logger`).
     """
     clients: list[pulsar.asyncio.Client] = []
 
@@ -106,7 +106,7 @@ async def pulsar_clients() -> AsyncIterator[PulsarClientFactory]:
             server.service_url,
             operation_timeout_seconds=CLIENT_TIMEOUT_S,
             connection_timeout_ms=CLIENT_TIMEOUT_S * 1000,
-            logger=logging.getLogger("pulsar"),
+            logger=native_logger(),
         )
         clients.append(client)
         return client

@@ -34,6 +34,25 @@ _TLS_SCHEMES: Final = ("pulsar+ssl", "https")
 log = logging.getLogger(__name__)
 
 
+def native_logger() -> pulsar.ConsoleLogger:
+    """The client's own logger, at the level the ``pulsar`` Python logger is set to.
+
+    The client is never given a Python logger: its C++ threads would call into Python to log, and
+    that intermittently aborts the process when clients are made and closed
+    (apache/pulsar-client-python#256). The native logger writes to the process's output itself.
+    """
+    level = logging.getLogger("pulsar").getEffectiveLevel()
+    if level <= logging.DEBUG:
+        native = pulsar.LoggerLevel.Debug
+    elif level <= logging.INFO:
+        native = pulsar.LoggerLevel.Info
+    elif level <= logging.WARNING:
+        native = pulsar.LoggerLevel.Warn
+    else:
+        native = pulsar.LoggerLevel.Error
+    return pulsar.ConsoleLogger(native)
+
+
 def unavailable(action: str, error: BaseException) -> UnavailableError:
     """The :class:`UnavailableError` for a failed ``action`` (e.g. "publishing to TOPIC")."""
     return UnavailableError(f"Pulsar unavailable while {action}: {error}")
@@ -233,7 +252,7 @@ class PulsarConnection:
                 # The client takes whole seconds; rounding up keeps sub-second settings meaningful.
                 operation_timeout_seconds=max(1, -(-timeout_ms // 1000)),
                 connection_timeout_ms=timeout_ms,
-                logger=logging.getLogger("pulsar"),
+                logger=native_logger(),
                 **secured,
             )
         except (*PULSAR_ERRORS, ValueError) as e:
