@@ -268,10 +268,21 @@ def from_json_object(obj: object) -> ServiceUnitStateData:
 
 
 def encode_value(data: ServiceUnitStateData | None) -> bytes:
-    """The channel message value for ``data``; None encodes as the tombstone (empty bytes)."""
+    """The channel message value for ``data``; None encodes as the tombstone (empty bytes).
+
+    Raises InvalidInputError when the value would be larger than :data:`MAX_VALUE_BYTES`.
+    """
     if data is None:
         return TOMBSTONE
-    return json.dumps(to_json_object(data), separators=(",", ":")).encode()
+    raw = json.dumps(to_json_object(data), separators=(",", ":")).encode()
+    if len(raw) > MAX_VALUE_BYTES:
+        # Every reader would skip it as malformed: refused before it is ever published.
+        what = f" ({len(data.split_children)} split children)" if data.split_children else ""
+        raise InvalidInputError(
+            f"a {data.state.value} value{what} would be {len(raw)} bytes, more than the "
+            f"channel's {MAX_VALUE_BYTES}"
+        )
+    return raw
 
 
 def decode_value(raw: bytes) -> ServiceUnitStateData | None:

@@ -140,6 +140,7 @@ class StateTable:
 
     def __init__(self) -> None:
         self._values: dict[BundleId, ServiceUnitStateData] = {}
+        self._by_namespace: dict[str, set[BundleId]] = {}
         self._last: ChannelPosition | None = None
         self._highest_term = 0
         self._digest = 0
@@ -172,6 +173,15 @@ class StateTable:
     def items(self) -> ItemsView[BundleId, ServiceUnitStateData]:
         """A live read-only view of every bundle that has a value."""
         return self._values.items()
+
+    def namespace_items(self, namespace: str) -> list[tuple[BundleId, ServiceUnitStateData]]:
+        """Every bundle of ``namespace`` (``tenant/name``) that has a value, with its value.
+
+        Kept per namespace as values come and go, so that a question about one namespace costs
+        its own bundles, not the whole table's.
+        """
+        values = self._values
+        return [(b, values[b]) for b in self._by_namespace.get(namespace, ())]
 
     def __len__(self) -> int:
         return len(self._values)
@@ -235,14 +245,28 @@ class StateTable:
             )
         self._digest = digest_step(self._digest, key, old, proposed)
         if proposed is None:
-            self._values.pop(key, None)
+            if self._values.pop(key, None) is not None:
+                self._unindex(key)
         else:
+            if old is None:
+                self._index(key)
             self._values[key] = proposed
             if proposed.leader_term is not None and proposed.leader_term > self._highest_term:
                 self._highest_term = proposed.leader_term
         return ApplyResult(
             position, key, Outcome.ACCEPTED, verdict.reason, old, proposed, proposed, verdict.rule
         )
+
+    def _index(self, bundle: BundleId) -> None:
+        self._by_namespace.setdefault(bundle.rpartition("/")[0], set()).add(bundle)
+
+    def _unindex(self, bundle: BundleId) -> None:
+        namespace = bundle.rpartition("/")[0]
+        members = self._by_namespace.get(namespace)
+        if members is not None:
+            members.discard(bundle)
+            if not members:
+                del self._by_namespace[namespace]
 
     def snapshot(self) -> dict[str, object]:
         """The table as plain JSON-able data (for checkpoints): values, position, highest term."""
@@ -278,5 +302,6 @@ class StateTable:
                 table._values[BundleId(bundle)] = from_json_object(value)
             except InvalidInputError as e:
                 raise InvalidInputError(f"snapshot table[{bundle!r}]: {e}") from None
+            table._index(BundleId(bundle))
         table._digest = sum(entry_digest(b, v) for b, v in table._values.items()) % DIGEST_MODULUS
         return table

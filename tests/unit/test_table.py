@@ -267,3 +267,35 @@ def test_a_hundred_thousand_bundles() -> None:
     restored = StateTable.from_snapshot(json.loads(json.dumps(table.snapshot())))
     assert dict(restored.items()) == dict(table.items())
     assert restored.get(BundleId("t/n/00000003")) == value(S.Owned, 1, dst=A)
+
+
+# --- per-namespace view -----------------------------------------------------------------------
+
+
+def test_namespace_items_follow_values_as_they_come_and_go() -> None:
+    other = BundleId("t/m/0x00000000_0xffffffff")
+    table = StateTable()
+
+    def view(ns: str) -> dict[BundleId, ServiceUnitState]:
+        return {b: v.state for b, v in table.namespace_items(ns)}
+
+    table.apply(pos(1), X, encode_value(value(S.Owned, 1, dst=A)))
+    table.apply(pos(2), Y, encode_value(value(S.Owned, 1, dst=B)))
+    table.apply(pos(3), other, encode_value(value(S.Owned, 1, dst=A)))
+    assert view("t/n") == {X: S.Owned, Y: S.Owned}
+    assert view("t/m") == {other: S.Owned}
+    assert view("t") == {} and view("t/none") == {}
+    table.apply(pos(4), X, encode_value(value(S.Releasing, 2, src=A)))
+    table.apply(pos(5), X, encode_value(value(S.Free, 3, src=A)))
+    table.apply(pos(6), X, b"")  # tombstoned
+    table.apply(pos(7), other, b"")  # rejected: its owner may still serve it
+    assert view("t/n") == {Y: S.Owned}
+    assert view("t/m") == {other: S.Owned}
+    # A checkpoint's table answers the same.
+    restored = StateTable.from_snapshot(json.loads(json.dumps(table.snapshot())))
+    assert {b: v.state for b, v in restored.namespace_items("t/n")} == {Y: S.Owned}
+    assert {b: v.state for b, v in restored.namespace_items("t/m")} == {other: S.Owned}
+    table.apply(pos(8), Y, encode_value(value(S.Releasing, 2, src=B)))
+    table.apply(pos(9), Y, encode_value(value(S.Free, 3, src=B)))
+    table.apply(pos(10), Y, b"")
+    assert view("t/n") == {}

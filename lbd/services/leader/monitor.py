@@ -63,6 +63,9 @@ _log = logging.getLogger(__name__)
 
 _S = ServiceUnitState
 
+SWEEP_SLICE = 1_000
+"""A sweep lets the event loop run after each slice of this many bundles: a sweep of 100k
+bundles is a few hundred milliseconds of checks, which would otherwise hold up every lookup."""
 WRITE_WINDOW = 512
 """Channel writes one sweep has in flight at once."""
 
@@ -199,10 +202,18 @@ class OwnershipMonitor:
         )
         values = list(self._follower.table.items())
         self._forget_undated(values)
-        current = {(b, v.version_id) for b, v in values}
-        self._announced = {k: t for k, t in self._announced.items() if k in current}
+        if self._announced:
+            current = {(b, v.version_id) for b, v in values}
+            self._announced = {k: t for k, t in self._announced.items() if k in current}
         try:
-            for bundle, value in values:
+            for n, (bundle, value) in enumerate(values, 1):
+                if n % SWEEP_SLICE == 0:
+                    # Lookups and keepalives run between slices. Nothing the sweep decides
+                    # depends on not yielding: each write re-checks that its bundle did not move
+                    # on, and the store is asked about a gone broker after every wait has ended.
+                    await asyncio.sleep(0)
+                if value.state is _S.Owned and value.dst_broker in live:
+                    continue  # the common case, and one _check leaves as it is
                 if self._deposed(term):
                     sweep.skipped = f"the channel shows a term above {term}"
                     break
@@ -539,6 +550,8 @@ class OwnershipMonitor:
         return now_ms - self._undated.setdefault((bundle, value.version_id), now_ms)
 
     def _forget_undated(self, values: list[tuple[BundleId, ServiceUnitStateData]]) -> None:
+        if not self._undated:
+            return
         current = {(b, v.version_id) for b, v in values if v.timestamp_ms == 0}
         self._undated = {k: t for k, t in self._undated.items() if k in current}
 

@@ -19,6 +19,7 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from lbd.core.broker import (
     BrokerInfo,
@@ -62,6 +63,13 @@ class LinkEvent:
     info: BrokerInfo | None
 
 
+COMMANDS_IN_FLIGHT: Final = 256
+"""At most this many commands of one session are sent and await their ack; the others wait their
+turn, in the order they were issued, before they are sent. A lease grant (never held back) is
+then queued behind at most this many commands, so a burst of thousands (a split's children, a
+recovery) cannot delay the broker's lease renewal until its lease runs out."""
+
+
 @dataclass(eq=False)
 class _Session:
     """One broker session: its outbox and the commands awaiting an ack."""
@@ -69,6 +77,8 @@ class _Session:
     info: BrokerInfo
     outbox: asyncio.Queue[SidecarMessage | None] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[CommandAck]] = field(default_factory=dict)
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(COMMANDS_IN_FLIGHT))
+    """A command is sent once it holds a slot; asyncio's semaphore serves waiters in order."""
     ended: bool = False
     error: InvalidInputError | None = None
     """What the broker sent that made the session end, if that is why it ended."""
@@ -265,25 +275,28 @@ class BrokerLink:
         session.outbox.put_nowait(SidecarMessage(0, ServingLease(request.sequence, duration_ms)))
 
     async def _command(self, command: Command, timeout_s: float) -> CommandAck | None:
-        """Send ``command`` and wait at most ``timeout_s`` for its ack; None when there was
-        nobody to send it to."""
+        """Send ``command`` once it has a slot (:data:`COMMANDS_IN_FLIGHT`) and wait at most
+        ``timeout_s`` for its ack; None when there was nobody to send it to."""
         session = self._session
         if session is None:
             if self._auto_ack:
                 return CommandAck(0)
             _log.info("no broker attached: %s not sent", command)
             return None
-        command_id = next(self._command_ids)
-        future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
-        session.pending[command_id] = future
-        session.outbox.put_nowait(SidecarMessage(command_id, command))
-        try:
-            return await within(self._clock, timeout_s, future, f"ack of {command}")
-        except DeadlineError as e:
-            _log.warning("broker %s: %s", self._me, e)
-            return CommandAck(command_id, ok=False, error=str(e))
-        finally:
-            session.pending.pop(command_id, None)
+        async with session.slots:
+            if session.ended:
+                return CommandAck(0, ok=False, error="the broker session ended")
+            command_id = next(self._command_ids)
+            future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
+            session.pending[command_id] = future
+            session.outbox.put_nowait(SidecarMessage(command_id, command))
+            try:
+                return await within(self._clock, timeout_s, future, f"ack of {command}")
+            except DeadlineError as e:
+                _log.warning("broker %s: %s", self._me, e)
+                return CommandAck(command_id, ok=False, error=str(e))
+            finally:
+                session.pending.pop(command_id, None)
 
     # -- the session ----------------------------------------------------------------------
 

@@ -41,6 +41,9 @@ _log = logging.getLogger(__name__)
 
 _S = ServiceUnitState
 
+SPLIT_WRITE_WINDOW = 128
+"""How many of a split's children have their Owned value in flight on the channel at once."""
+
 
 def names(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
     """Whether ``value`` names ``broker`` as its dst or source broker."""
@@ -303,9 +306,8 @@ class OwnershipReactor:
         """Another bundle of the table whose range overlaps ``bundle`` and whose server is
         another broker, if any."""
         whole = parse_bundle_id(bundle)
-        prefix = f"{whole.namespace}/"
-        for other, value in self._follower.table.items():
-            if other == bundle or not other.startswith(prefix):
+        for other, value in self._follower.table.namespace_items(str(whole.namespace)):
+            if other == bundle:
                 continue
             server = server_of(value)
             if server is not None and server != self._me and parse_bundle_id(other).overlaps(whole):
@@ -360,13 +362,26 @@ class OwnershipReactor:
         if not all(owned):
             _log.warning("%s: the broker did not take every child; split not finished", parent)
             return
-        for child in mine:
-            if owner_of(self._follower.get(child)) == self._me:
-                continue
-            if self._follower.get(parent) != value:
-                _log.warning("%s changed while it was being split: split not finished", parent)
-                return
-            await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
+        # The children's Owned values are written SPLIT_WRITE_WINDOW at a time, each only
+        # while the parent is still the value being finished: a child written just before the
+        # parent changed is one the split left behind, as with one write at a time.
+        window = asyncio.Semaphore(SPLIT_WRITE_WINDOW)
+        moved_on = False
+
+        async def own(child: BundleId) -> None:
+            nonlocal moved_on
+            async with window:
+                if moved_on or owner_of(self._follower.get(child)) == self._me:
+                    return
+                if self._follower.get(parent) != value:
+                    moved_on = True
+                    return
+                await self._proposer.propose_and_wait(child, _S.Owned, dst=self._me)
+
+        await asyncio.gather(*(own(child) for child in mine))
+        if moved_on:
+            _log.warning("%s changed while it was being split: split not finished", parent)
+            return
         lost = [c for c in children if server_of(self._follower.get(c)) is None]
         if lost:
             _log.error(

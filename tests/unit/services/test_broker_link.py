@@ -20,7 +20,7 @@ from lbd.core.broker import (
 )
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.services.sidecar.broker_link import BrokerLink, LinkEventKind
+from lbd.services.sidecar.broker_link import COMMANDS_IN_FLIGHT, BrokerLink, LinkEventKind
 
 ME = BrokerId("me")
 B1 = BundleId("public/default/0x00000000_0x40000000")
@@ -262,3 +262,50 @@ async def test_a_lapse_the_broker_reports_clears_what_it_serves_and_is_an_event(
     assert event.kind is LinkEventKind.LAPSED
     assert link.served() == frozenset()
     await broker.end()
+
+
+async def test_a_burst_of_commands_is_windowed_and_a_lease_grant_waits_behind_the_window() -> None:
+    clock = ManualClock()
+    link = leasing_link(clock, [True])
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    bundles = [BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}") for i in range(600)]
+    owning = [asyncio.create_task(link.own(b)) for b in bundles]
+    await let_run()
+    # Only the window is sent; the rest wait, in order.
+    assert broker.commands.qsize() == COMMANDS_IN_FLIGHT
+    broker.outgoing.put_nowait(LeaseRequest(1))
+    sent = [await broker.next_command() for _ in range(COMMANDS_IN_FLIGHT + 1)]
+    assert sent[-1].command == ServingLease(1, 10_000)  # behind the window, not the burst
+    assert [m.command.bundle for m in sent[:-1]] == bundles[:COMMANDS_IN_FLIGHT]
+    # Each ack lets one more command go, in the order they were issued.
+    order = [m.command.bundle for m in sent[:-1]]
+    window = sent[:-1]
+    while window:
+        broker.outgoing.put_nowait(CommandAck(window.pop(0).command_id))
+        if len(order) < len(bundles):
+            message = await broker.next_command()
+            order.append(message.command.bundle)
+            window.append(message)
+            assert broker.commands.empty()
+    assert order == bundles
+    async with asyncio.timeout(5):
+        assert all(await asyncio.gather(*owning))
+    assert link.served() == set(bundles)
+    await broker.end()
+
+
+async def test_commands_waiting_for_a_slot_fail_when_the_session_ends() -> None:
+    clock = ManualClock()
+    link = leasing_link(clock, [True])
+    events = link.events()
+    broker = Broker(link)
+    await attached(link, events)
+    bundles = [BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}") for i in range(300)]
+    owning = [asyncio.create_task(link.own(b)) for b in bundles]
+    await let_run()
+    await broker.end()
+    async with asyncio.timeout(5):
+        assert not any(await asyncio.gather(*owning))
+    assert link.served() == frozenset()

@@ -30,7 +30,7 @@ from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
-from lbd.services.leader.monitor import OwnershipMonitor
+from lbd.services.leader.monitor import SWEEP_SLICE, OwnershipMonitor
 
 S = ServiceUnitState
 X, Y, Z = BrokerId("broker-x"), BrokerId("broker-y"), BrokerId("broker-z")
@@ -401,3 +401,34 @@ async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> No
         assert [(f.bundle, f.state, f.dst) for f in fixes] == [(B1, S.Assigning, b.me)]
         assert h.owner(B1) == b.me and B1 in b.broker.serving
         assert h.violations == []
+
+
+async def test_a_sweep_of_a_large_table_lets_the_event_loop_run_between_slices() -> None:
+    # A sweep of 100k bundles is a few hundred milliseconds of checks; lookups and keepalives
+    # must not wait for all of it. Here: 3 slices of Owned bundles, one orphan at the end.
+    async with rig() as r:
+        await r.register(X, Y)
+        count = 3 * SWEEP_SLICE
+        for i in range(count):
+            await r.writer.publish(
+                BundleId(f"public/big/0x{i:08x}_0x{i + 1:08x}"),
+                encode_value(
+                    ServiceUnitStateData(
+                        state=S.Owned, version_id=1, dst_broker=X, timestamp_ms=r.clock.now_ms()
+                    )
+                ),
+            )
+        await r.write(B1, S.Owned, dst=Z)  # Z never registered: an orphan once the grace ends
+        turns_during: list[int] = [0]
+        sweeping = asyncio.ensure_future(r.monitor.run_once(TERM))
+
+        async def count_turns() -> None:
+            while not sweeping.done():
+                turns_during[0] += 1
+                await asyncio.sleep(0)
+
+        await asyncio.gather(sweeping, count_turns())
+        assert turns_during[0] >= 3  # one at least after every slice
+        assert sweeping.result().waiting == {Z: 0.0}
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        assert [(f.bundle, f.state) for f in (await r.sweep()).fixes] == [(B1, S.Releasing)]

@@ -210,7 +210,7 @@ async def test_a_child_moved_away_during_a_split_takes_its_parent_off_the_broker
         assert B0 not in a.broker.serving and lo not in a.broker.serving
         assert h.violations == []
         a.metadata.set_cut_off(False)  # the split finishes without taking the child back
-        await turns(lambda: state_of(a.follower.get(B0)) is S.Deleted)
+        await settle(h.clock, lambda: state_of(a.follower.get(B0)) is S.Deleted)
         await h.idle()
         assert h.kinds(lo) == [("a", "own"), ("a", "release"), ("b", "own")]
         assert a.broker.serving == {hi} and b.broker.serving == {lo}
