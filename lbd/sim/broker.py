@@ -31,7 +31,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import ResourceUsage
 from lbd.gen.v1 import lbd_pb2
-from lbd.sim.workload import BrokerSample, Workload
+from lbd.sim.workload import BrokerSample, BundleTraffic, Workload
 
 _log = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ class SimBroker(BrokerHandler):
         self._events = events
         self._served: set[BundleId] = set()
         self._reports = 0
+        self._made: dict[BundleId, tuple[BundleTraffic, lbd_pb2.BundleStats]] = {}
+        """Each served bundle's stats in the last report (reused while its traffic is steady)."""
         self._client = BrokerClient(
             config.sidecar,
             config.info(int(time.time() * 1000)),
@@ -174,7 +176,7 @@ class SimBroker(BrokerHandler):
     def load_report(self) -> lbd_pb2.LoadReport:
         """The workload's sample of the bundles served."""
         self._reports += 1
-        return load_report(self._workload.sample(self._served, self._reports))
+        return load_report(self._workload.sample(self._served, self._reports), self._made)
 
     def session_opened(self) -> None:
         """Logged as ``session`` ``open``."""
@@ -193,32 +195,48 @@ class SimBroker(BrokerHandler):
             self._events.record(event, bundle, **detail)
 
 
-def load_report(sample: BrokerSample) -> lbd_pb2.LoadReport:
-    """The protobuf LoadReport of a workload sample."""
+def load_report(
+    sample: BrokerSample,
+    made: dict[BundleId, tuple[BundleTraffic, lbd_pb2.BundleStats]] | None = None,
+) -> lbd_pb2.LoadReport:
+    """The protobuf LoadReport of a workload sample.
+
+    ``made``: the stats made for the previous report, reused for each bundle whose traffic is
+    the very same object (the workload's steady bundles); replaced by this report's.
+    """
+    previous = made.copy() if made is not None else {}
+    if made is not None:
+        made.clear()
+    stats = []
+    for b in sample.bundles:
+        hit = previous.get(b.bundle)
+        one = hit[1] if hit is not None and hit[0] is b else _bundle_stats(b)
+        if made is not None:
+            made[b.bundle] = (b, one)
+        stats.append(one)
     return lbd_pb2.LoadReport(
         cpu=_usage(sample.cpu),
         memory=_usage(sample.memory),
         direct_memory=_usage(sample.direct_memory),
         bandwidth_in=_usage(sample.bandwidth_in),
         bandwidth_out=_usage(sample.bandwidth_out),
-        bundles=[
-            lbd_pb2.BundleStats(
-                bundle=b.bundle,
-                msg_rate_in=b.msg_rate_in,
-                msg_rate_out=b.msg_rate_out,
-                msg_throughput_in=b.throughput_in,
-                msg_throughput_out=b.throughput_out,
-                topics=len(b.topics),
-                producer_count=b.producers,
-                consumer_count=b.consumers,
-                topic_stats=[
-                    lbd_pb2.TopicStats(
-                        topic=t.topic, msg_rate=t.msg_rate, msg_throughput=t.throughput
-                    )
-                    for t in b.topics[:TOP_TOPICS_PER_BUNDLE]
-                ],
-            )
-            for b in sample.bundles
+        bundles=stats,
+    )
+
+
+def _bundle_stats(b: BundleTraffic) -> lbd_pb2.BundleStats:
+    return lbd_pb2.BundleStats(
+        bundle=b.bundle,
+        msg_rate_in=b.msg_rate_in,
+        msg_rate_out=b.msg_rate_out,
+        msg_throughput_in=b.throughput_in,
+        msg_throughput_out=b.throughput_out,
+        topics=len(b.topics),
+        producer_count=b.producers,
+        consumer_count=b.consumers,
+        topic_stats=[
+            lbd_pb2.TopicStats(topic=t.topic, msg_rate=t.msg_rate, msg_throughput=t.throughput)
+            for t in b.topics[:TOP_TOPICS_PER_BUNDLE]
         ],
     )
 

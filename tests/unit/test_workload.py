@@ -6,6 +6,7 @@ from lbd.core.bundles import NamespaceBundles, parse_bundle_id, topic_hash
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName
+from lbd.sim.broker import load_report
 from lbd.sim.workload import Workload, WorkloadSpec
 
 NS = NamespaceName("public", "default")
@@ -107,3 +108,20 @@ def test_a_bad_spec_is_refused_naming_the_field(field: str, value: object, messa
 def test_a_bad_bundle_id_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="invalid bundle id"):
         Workload().topics(BundleId("not-a-bundle"))
+
+
+def test_a_report_reuses_the_stats_of_steady_bundles_and_equals_one_made_afresh() -> None:
+    quiet = Workload(WorkloadSpec(msg_rate=0.0, jitter=0.1))
+    busy = Workload(WorkloadSpec(msg_rate=50.0, jitter=0.1))
+    for workload, steady in ((quiet, True), (busy, False)):
+        made: dict = {}
+        first = load_report(workload.sample(BUNDLES, 1), made)
+        kept = {b: stats for b, (_, stats) in made.items()}
+        second = load_report(workload.sample(BUNDLES, 2), made)
+        assert second == load_report(workload.sample(BUNDLES, 2))  # the same as made afresh
+        assert (second == first) is steady  # a busy bundle's traffic jitters between reports
+        reused = [b for b, (_, stats) in made.items() if stats is kept[b]]
+        assert len(reused) == (len(BUNDLES) if steady else 0)
+        # A bundle no longer served is forgotten.
+        load_report(workload.sample(BUNDLES[1:], 3), made)
+        assert set(made) == set(BUNDLES[1:])
