@@ -10,6 +10,7 @@ so a caller can log the decision and feed watchers from it.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import json
@@ -17,6 +18,7 @@ from collections.abc import ItemsView
 from dataclasses import dataclass
 from typing import Final
 
+from lbd.core.bundles import FULL_UPPER, parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
@@ -140,7 +142,7 @@ class StateTable:
 
     def __init__(self) -> None:
         self._values: dict[BundleId, ServiceUnitStateData] = {}
-        self._by_namespace: dict[str, set[BundleId]] = {}
+        self._by_namespace: dict[str, _RangeIndex] = {}
         self._last: ChannelPosition | None = None
         self._highest_term = 0
         self._digest = 0
@@ -174,14 +176,20 @@ class StateTable:
         """A live read-only view of every bundle that has a value."""
         return self._values.items()
 
-    def namespace_items(self, namespace: str) -> list[tuple[BundleId, ServiceUnitStateData]]:
-        """Every bundle of ``namespace`` (``tenant/name``) that has a value, with its value.
+    def overlapping(self, bundle: BundleId) -> list[tuple[BundleId, ServiceUnitStateData]]:
+        """Every other bundle with a value whose hash range intersects ``bundle``'s (same
+        namespace: a split's parent and its children), with its value.
 
-        Kept per namespace as values come and go, so that a question about one namespace costs
-        its own bundles, not the whole table's.
+        Answered from a per-namespace index of ranges kept as values come and go, in time
+        logarithmic in the namespace's bundles, not linear in the table's.
         """
+        whole = parse_bundle_id(bundle)
+        index = self._by_namespace.get(bundle.rpartition("/")[0])
+        if index is None:
+            return []
+        hi = whole.range.hi + whole.range.includes_upper
         values = self._values
-        return [(b, values[b]) for b in self._by_namespace.get(namespace, ())]
+        return [(b, values[b]) for b in index.overlapping(whole.range.lo, hi) if b != bundle]
 
     def __len__(self) -> int:
         return len(self._values)
@@ -258,15 +266,17 @@ class StateTable:
         )
 
     def _index(self, bundle: BundleId) -> None:
-        self._by_namespace.setdefault(bundle.rpartition("/")[0], set()).add(bundle)
+        namespace = bundle.rpartition("/")[0]
+        index = self._by_namespace.get(namespace)
+        if index is None:
+            index = self._by_namespace[namespace] = _RangeIndex()
+        index.add(bundle)
 
     def _unindex(self, bundle: BundleId) -> None:
         namespace = bundle.rpartition("/")[0]
-        members = self._by_namespace.get(namespace)
-        if members is not None:
-            members.discard(bundle)
-            if not members:
-                del self._by_namespace[namespace]
+        index = self._by_namespace.get(namespace)
+        if index is not None and index.remove(bundle) and not index:
+            del self._by_namespace[namespace]
 
     def snapshot(self) -> dict[str, object]:
         """The table as plain JSON-able data (for checkpoints): values, position, highest term."""
@@ -305,3 +315,62 @@ class StateTable:
             table._index(BundleId(bundle))
         table._digest = sum(entry_digest(b, v) for b, v in table._values.items()) % DIGEST_MODULUS
         return table
+
+
+_ABOVE_ALL: Final = FULL_UPPER + 2
+"""Above every upper bound an index entry holds (the top of the space is stored plus one)."""
+
+
+class _RangeIndex:
+    """One namespace's bundles sorted by the lower bound of their range, for overlap queries.
+
+    A bundle overlaps ``[lo, hi)`` when its lower bound is below ``hi`` and its upper bound
+    above ``lo``; its lower bound is then at least ``lo`` minus the longest range indexed, so a
+    query looks at that slice only (a namespace's bundles rarely overlap: a split's parent and
+    children do, until the parent's tombstone). Keys that are no bundle id overlap nothing and
+    are not indexed.
+    """
+
+    __slots__ = ("_entries", "_lengths", "_longest")
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, int, BundleId]] = []
+        """(lower bound, upper bound + 1 if it includes the top of the space, bundle), sorted."""
+        self._lengths: dict[BundleId, int] = {}
+        self._longest: int | None = 0
+        """The longest range indexed; None when it must be found again (it was removed)."""
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def add(self, bundle: BundleId) -> None:
+        try:
+            r = parse_bundle_id(bundle).range
+        except InvalidInputError:
+            return
+        hi = r.hi + r.includes_upper
+        bisect.insort(self._entries, (r.lo, hi, bundle))
+        self._lengths[bundle] = hi - r.lo
+        if self._longest is not None:
+            self._longest = max(self._longest, hi - r.lo)
+
+    def remove(self, bundle: BundleId) -> bool:
+        """Drop ``bundle``; whether it was indexed."""
+        length = self._lengths.pop(bundle, None)
+        if length is None:
+            return False
+        r = parse_bundle_id(bundle).range
+        i = bisect.bisect_left(self._entries, (r.lo, r.hi + r.includes_upper, bundle))
+        del self._entries[i]
+        if length == self._longest:
+            self._longest = None
+        return True
+
+    def overlapping(self, lo: int, hi: int) -> list[BundleId]:
+        """The bundles whose range intersects ``[lo, hi)``."""
+        if self._longest is None:
+            self._longest = max(self._lengths.values(), default=0)
+        entries = self._entries
+        start = bisect.bisect_right(entries, (lo - self._longest, _ABOVE_ALL))
+        end = bisect.bisect_left(entries, (hi,))
+        return [b for _, b_hi, b in entries[start:end] if b_hi > lo]

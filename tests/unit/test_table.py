@@ -7,7 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import Rule, ServiceUnitState, ServiceUnitStateData, encode_value
@@ -269,33 +272,61 @@ def test_a_hundred_thousand_bundles() -> None:
     assert restored.get(BundleId("t/n/00000003")) == value(S.Owned, 1, dst=A)
 
 
-# --- per-namespace view -----------------------------------------------------------------------
+# --- overlapping bundles ---------------------------------------------------------------------
 
 
-def test_namespace_items_follow_values_as_they_come_and_go() -> None:
-    other = BundleId("t/m/0x00000000_0xffffffff")
+def _brute_overlapping(table: StateTable, bundle: BundleId) -> set[BundleId]:
+    whole = parse_bundle_id(bundle)
+    return {b for b, _ in table.items() if b != bundle and parse_bundle_id(b).overlaps(whole)}
+
+
+_ns = st.sampled_from(["t/n", "t/m"])
+_bound = st.integers(min_value=0, max_value=0xFFFFFFFF)
+
+
+@st.composite
+def _bundles(draw: st.DrawFn) -> BundleId:
+    lo, hi = sorted(draw(st.lists(_bound, min_size=2, max_size=2, unique=True)))
+    return BundleId(f"{draw(_ns)}/0x{lo:08x}_0x{hi:08x}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(_bundles(), st.booleans()), max_size=40),
+    queries=st.lists(_bundles(), min_size=1, max_size=10),
+)
+def test_overlapping_bundles_are_exactly_those_whose_ranges_intersect(
+    steps: list[tuple[BundleId, bool]], queries: list[BundleId]
+) -> None:
+    # Values come (Owned) and go (released, freed and tombstoned); the index follows them, and
+    # a checkpoint's table answers the same.
     table = StateTable()
+    entry = 0
 
-    def view(ns: str) -> dict[BundleId, ServiceUnitState]:
-        return {b: v.state for b, v in table.namespace_items(ns)}
+    def write(bundle: BundleId, value: ServiceUnitStateData | None) -> None:
+        nonlocal entry
+        entry += 1
+        table.apply(pos(entry), bundle, encode_value(value))
 
-    table.apply(pos(1), X, encode_value(value(S.Owned, 1, dst=A)))
-    table.apply(pos(2), Y, encode_value(value(S.Owned, 1, dst=B)))
-    table.apply(pos(3), other, encode_value(value(S.Owned, 1, dst=A)))
-    assert view("t/n") == {X: S.Owned, Y: S.Owned}
-    assert view("t/m") == {other: S.Owned}
-    assert view("t") == {} and view("t/none") == {}
-    table.apply(pos(4), X, encode_value(value(S.Releasing, 2, src=A)))
-    table.apply(pos(5), X, encode_value(value(S.Free, 3, src=A)))
-    table.apply(pos(6), X, b"")  # tombstoned
-    table.apply(pos(7), other, b"")  # rejected: its owner may still serve it
-    assert view("t/n") == {Y: S.Owned}
-    assert view("t/m") == {other: S.Owned}
-    # A checkpoint's table answers the same.
+    for bundle, present in steps:
+        current = table.get(bundle)
+        if present and current is None:
+            write(bundle, value(S.Owned, 1, dst=A))
+        elif not present and current is not None:
+            write(bundle, value(S.Releasing, current.version_id + 1, src=A))
+            write(bundle, value(S.Free, current.version_id + 2, src=A))
+            write(bundle, None)
     restored = StateTable.from_snapshot(json.loads(json.dumps(table.snapshot())))
-    assert {b: v.state for b, v in restored.namespace_items("t/n")} == {Y: S.Owned}
-    assert {b: v.state for b, v in restored.namespace_items("t/m")} == {other: S.Owned}
-    table.apply(pos(8), Y, encode_value(value(S.Releasing, 2, src=B)))
-    table.apply(pos(9), Y, encode_value(value(S.Free, 3, src=B)))
-    table.apply(pos(10), Y, b"")
-    assert view("t/n") == {}
+    for query in [*queries, *(b for b, _ in steps)]:
+        expected = _brute_overlapping(table, query)
+        assert {b for b, _ in table.overlapping(query)} == expected, query
+        assert {b for b, _ in restored.overlapping(query)} == expected, query
+        assert all(v == table.get(b) for b, v in table.overlapping(query))
+
+
+def test_a_key_that_is_no_bundle_id_overlaps_nothing() -> None:
+    table = StateTable()
+    table.apply(pos(1), BundleId("t/n/not-a-range"), encode_value(value(S.Owned, 1, dst=A)))
+    table.apply(pos(2), X, encode_value(value(S.Owned, 1, dst=A)))
+    assert table.overlapping(Y) == []
+    assert table.overlapping(BundleId("t/n/0x00000000_0xffffffff")) == [(X, table.get(X))]

@@ -305,12 +305,9 @@ class OwnershipReactor:
     def _overlapping_server(self, bundle: BundleId) -> tuple[BundleId, BrokerId] | None:
         """Another bundle of the table whose range overlaps ``bundle`` and whose server is
         another broker, if any."""
-        whole = parse_bundle_id(bundle)
-        for other, value in self._follower.table.namespace_items(str(whole.namespace)):
-            if other == bundle:
-                continue
+        for other, value in self._follower.table.overlapping(bundle):
             server = server_of(value)
-            if server is not None and server != self._me and parse_bundle_id(other).overlaps(whole):
+            if server is not None and server != self._me:
                 return other, server
         return None
 
