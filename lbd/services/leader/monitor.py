@@ -48,6 +48,7 @@ from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.namespace import NamespaceRecord
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
+from lbd.core.table import StateTable
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
@@ -200,18 +201,23 @@ class OwnershipMonitor:
             if self._registry.reachable
             else "safe mode: the broker registry cannot be reached",
         )
-        values = list(self._follower.table.items())
-        self._forget_undated(values)
+        table = self._follower.table
+        self._forget_undated(table)
         if self._announced:
-            current = {(b, v.version_id) for b, v in values}
+            current = {(b, v.version_id) for b, v in table.items()}
             self._announced = {k: t for k, t in self._announced.items() if k in current}
+        bundles = table.bundles()
         try:
-            for n, (bundle, value) in enumerate(values, 1):
+            for n, bundle in enumerate(bundles, 1):
                 if n % SWEEP_SLICE == 0:
                     # Lookups and keepalives run between slices. Nothing the sweep decides
-                    # depends on not yielding: each write re-checks that its bundle did not move
-                    # on, and the store is asked about a gone broker after every wait has ended.
+                    # depends on not yielding: each bundle is checked on its value as it is then,
+                    # each write re-checks that its bundle did not move on, and the store is
+                    # asked about a gone broker after every wait has ended.
                     await asyncio.sleep(0)
+                value = table.get(bundle)
+                if value is None:
+                    continue  # tombstoned since the sweep began
                 if value.state is _S.Owned and value.dst_broker in live:
                     continue  # the common case, and one _check leaves as it is
                 if self._deposed(term):
@@ -549,10 +555,10 @@ class OwnershipMonitor:
         # A writer that sets no timestamp: age it from when this sidecar first saw the value.
         return now_ms - self._undated.setdefault((bundle, value.version_id), now_ms)
 
-    def _forget_undated(self, values: list[tuple[BundleId, ServiceUnitStateData]]) -> None:
+    def _forget_undated(self, table: StateTable) -> None:
         if not self._undated:
             return
-        current = {(b, v.version_id) for b, v in values if v.timestamp_ms == 0}
+        current = {(b, v.version_id) for b, v in table.items() if v.timestamp_ms == 0}
         self._undated = {k: t for k, t in self._undated.items() if k in current}
 
     def _note_cancelled(
