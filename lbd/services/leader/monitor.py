@@ -94,9 +94,10 @@ class _Sweep:
     """When the sweep read the table (monotonic): every value in it was applied before, and
     every read of the store during the sweep comes after."""
     live: Mapping[BrokerId, BrokerInfo]
-    away: Mapping[BrokerId, float]
-    """Seconds each unregistered broker named in the table has been away."""
     skipped: str | None
+    away: dict[BrokerId, float] = field(default_factory=dict)
+    """Seconds each unregistered broker the sweep met in the table has been away, found when
+    the sweep first meets it."""
     fixes: list[Fix] = field(default_factory=list)
     failed: list[tuple[BundleId, str]] = field(default_factory=list)
     waiting: dict[BrokerId, float] = field(default_factory=dict)
@@ -196,7 +197,6 @@ class OwnershipMonitor:
             now_ms=self._clock.now_ms(),
             mono=mono,
             live=live,
-            away=self._away_times(live, mono),
             skipped=None
             if self._registry.reachable
             else "safe mode: the broker registry cannot be reached",
@@ -234,6 +234,8 @@ class OwnershipMonitor:
                 task.cancel()  # only left running when the sweep itself was cancelled
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
+            # A broker the table no longer names starts a new grace if it is named again.
+            self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in sweep.away}
         return SweepReport(
             tuple(sweep.fixes),
             tuple(sweep.failed),
@@ -315,7 +317,7 @@ class OwnershipMonitor:
             return None
         server = server_of(value)
         if server is not None and server not in sweep.live:
-            gone_s = sweep.away.get(server, 0.0)
+            gone_s = self._away_s(server, sweep)
             if gone_s < self._settings.orphan_cleanup_grace_s:
                 sweep.waiting[server] = gone_s
                 return None
@@ -536,17 +538,15 @@ class OwnershipMonitor:
 
     # -- bookkeeping --------------------------------------------------------------------------
 
-    def _away_times(self, live: Mapping[BrokerId, BrokerInfo], now: float) -> dict[BrokerId, float]:
-        """Seconds each unregistered broker named in the table has been away."""
-        named = {b for _, v in self._follower.table.items() if (b := server_of(v)) is not None}
-        away: dict[BrokerId, float] = {}
-        for broker in named - set(live):
+    def _away_s(self, broker: BrokerId, sweep: _Sweep) -> float:
+        """Seconds the unregistered ``broker`` has been away, as of the sweep's start."""
+        away = sweep.away.get(broker)
+        if away is None:
             since = self._registry.absent_since(broker)
             if since is None:
                 # Vanished before this sidecar was watching: the grace starts when it noticed.
-                since = self._noticed_gone.setdefault(broker, now)
-            away[broker] = now - since
-        self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in away}
+                since = self._noticed_gone.setdefault(broker, sweep.mono)
+            away = sweep.away[broker] = sweep.mono - since
         return away
 
     def _age_ms(self, bundle: BundleId, value: ServiceUnitStateData, now_ms: int) -> int:
