@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from lbd.core.audit import (
     AuditBounds,
@@ -80,7 +80,7 @@ from lbd.core.audit import (
 from lbd.core.broker import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
-from lbd.core.state import ServiceUnitStateData, server_of
+from lbd.core.state import server_of
 from lbd.core.table import ChannelPosition, digest_step
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
@@ -96,6 +96,8 @@ most). A report read by an audit is up to a report interval plus an audit interv
 by default), which this covers up to about 200 accepted changes a second; on a busier channel
 some reports are counted as not compared, never compared wrongly."""
 _FEED_TURNS = 10
+AUDIT_SLICE = 2_000
+"""The table check lets the event loop run after each slice of this many bundles."""
 """Loop turns an audit gives the digest feed to catch up with the table before comparing."""
 
 
@@ -257,17 +259,9 @@ class SafetyAuditor:
         responsible_s = 0.0 if self._responsible_from is None else now - self._responsible_from
         live = self._registry.brokers()
         findings: list[Finding] = []
-        values = list(self._follower.table.items())
+        checked = 0
         if skipped is None:
-            findings += check_table(
-                values,
-                live=live,
-                away_s=self._away_times(values, live, now),
-                now_ms=now_ms,
-                first_seen_ms=self._first_seen(values, now_ms),
-                responsible_s=responsible_s,
-                bounds=self._bounds,
-            )
+            checked = await self._check_table(findings, live, now_ms, now, responsible_s)
         reports = self._loads.brokers()
         await self._let_feed_catch_up()
         diverging, compared, not_compared = self._compare(reports, live)
@@ -280,7 +274,7 @@ class SafetyAuditor:
         return AuditReport(
             findings=self._findings.update(findings, now_ms),
             checked_at_ms=now_ms,
-            bundles_checked=0 if skipped is not None else len(values),
+            bundles_checked=checked,
             sidecars_compared=compared,
             not_compared=tuple(not_compared),
             skipped=skipped,
@@ -307,23 +301,51 @@ class SafetyAuditor:
             since = self._noticed_gone.setdefault(broker, now)
         return now - since
 
-    def _away_times(
+    async def _check_table(
         self,
-        values: Sequence[tuple[BundleId, ServiceUnitStateData]],
+        findings: list[Finding],
         live: Mapping[BrokerId, BrokerInfo],
+        now_ms: int,
         now: float,
-    ) -> dict[BrokerId, float]:
-        named = {b for _, v in values if (b := server_of(v)) is not None}
-        away = {broker: self._away_of(broker, now) for broker in named - set(live)}
+        responsible_s: float,
+    ) -> int:
+        """Check every bundle of the table, a slice at a time with the event loop let run in
+        between; add the findings in bundle order; the number of bundles checked."""
+        table = self._follower.table
+        bundles = table.bundles()
+        found: list[Finding] = []
+        away: dict[BrokerId, float] = {}
+        first_seen: dict[tuple[BundleId, int], int] = {}
+        checked = 0
+        for start in range(0, len(bundles), AUDIT_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            values = [
+                (b, v)
+                for b in bundles[start : start + AUDIT_SLICE]
+                if (v := table.get(b)) is not None
+            ]
+            for bundle, value in values:
+                server = server_of(value)
+                if server is not None and server not in live and server not in away:
+                    away[server] = self._away_of(server, now)
+                if value.timestamp_ms == 0:
+                    key = (bundle, value.version_id)
+                    first_seen[key] = self._undated.get(key, now_ms)
+            found += check_table(
+                values,
+                live=live,
+                away_s=away,
+                now_ms=now_ms,
+                first_seen_ms=first_seen,
+                responsible_s=responsible_s,
+                bounds=self._bounds,
+            )
+            checked += len(values)
         self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in away}
-        return away
-
-    def _first_seen(
-        self, values: Sequence[tuple[BundleId, ServiceUnitStateData]], now_ms: int
-    ) -> dict[tuple[BundleId, int], int]:
-        undated = {(b, v.version_id) for b, v in values if v.timestamp_ms == 0}
-        self._undated = {k: self._undated.get(k, now_ms) for k in undated}
-        return self._undated
+        self._undated = first_seen
+        findings += sorted(found, key=lambda f: f.bundle or "")
+        return checked
 
     # -- the sidecars -------------------------------------------------------------------------
 

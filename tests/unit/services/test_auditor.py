@@ -8,6 +8,7 @@ The clock is the harness's manual clock; every audit is run by the test.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
 from lbd.core.tuning import MonitorConfig, OperationsConfig
+from lbd.services.leader.auditor import AUDIT_SLICE
 
 S = ServiceUnitState
 MONITOR = MonitorConfig(
@@ -278,3 +280,36 @@ async def test_a_sidecar_answering_with_an_owner_its_registry_lost_is_named(
         # No new wrong answer since: the finding is gone.
         assert (await c.audit()).findings == ()
         assert c.gauge(FindingKind.LOOKUP_DEAD_OWNER) == 0
+
+
+async def test_a_large_table_is_checked_in_slices_with_every_finding_in_bundle_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # More bundles than two slices, all Owned by a broker that is gone: every one is found, in
+    # bundle order, and the event loop runs between slices (lookups wait for no whole audit).
+    gone = BrokerId("broker-gone")
+    async with cluster(monkeypatch) as c:
+        writer = MemoryChannelLog(c.h.log)
+        count = 2 * AUDIT_SLICE + 7
+        bundles = [BundleId(f"audit/big/0x{i:08x}_0x{i + 1:08x}") for i in range(count)]
+        for bundle in reversed(bundles):
+            value = ServiceUnitStateData(
+                state=S.Owned, version_id=1, dst_broker=gone, timestamp_ms=c.h.clock.now_ms()
+            )
+            await writer.publish(bundle, encode_value(value))
+        assert (await c.audit()).findings == ()  # the grace starts when the auditor notices
+        await c.h.clock.run_for(ANNOUNCE_DUE_S + 1, step=0.5)
+        await c.h.idle()
+        turns_during = [0]
+        auditing = asyncio.ensure_future(c.leader.auditor.run_once())
+
+        async def count_turns() -> None:
+            while not auditing.done():
+                turns_during[0] += 1
+                await asyncio.sleep(0)
+
+        await asyncio.gather(auditing, count_turns())
+        report = auditing.result()
+        assert turns_during[0] >= 2
+        assert kinds(report) == [(FindingKind.STALE_OWNER, b, gone) for b in bundles]
+        assert report.bundles_checked == len(c.leader.follower.table)
