@@ -7,7 +7,7 @@ DEV_STATE ?= .state/dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-analytics java etcd prometheus run test test-unit lint proto bench clean
+.PHONY: setup setup-analytics java etcd prometheus run test test-unit lint proto bench bench-figures clean
 
 setup: $(STAMP) etcd ## venv + install (idempotent), etcd-server via apt when missing
 
@@ -65,8 +65,11 @@ lint: setup-analytics ## ruff, mypy (--strict on the core), import-linter layers
 proto: setup ## regenerate lbd/gen from proto/ with the pinned grpcio-tools
 	$(PY) scripts/gen_protos.py
 
-bench: setup ## benchmarks of what exists, printed as a table
+bench: setup ## benchmarks of what exists: a table per suite, then the figures against baselines
 	$(PY) -m bench
+
+bench-figures: setup ## only the benchmarks with figures: each beside its baseline, as a ratio
+	$(PY) -m bench --figures
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache

@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only SUITE]``: run the benchmarks and print their tables.
+"""``python -m bench [--quick] [--only SUITE | --figures]``: run the benchmarks, print their tables.
 
 Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates on a
 pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
@@ -13,7 +13,14 @@ the default execution governor, on a dev cluster it starts itself), ``lookup`` (
 sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to the gRPC
 ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
 ``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``assign``
-(new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself).
+(new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself), ``split``
+(one bundle split into 1,024 children, against the split's deadline), ``scale`` (100 brokers with
+1k, 10k and 100k bundles, dev and default timings: lookups, memory, idle CPU, catch-up).
+
+The suites in ``FIGURE_SUITES`` also give figures, each set against a baseline: measured in the
+same run where there is one (the lookup suite's trivial grpc.aio server), else the goal. After
+the suites' own tables one more lists them, with each ratio and whether it meets its goal;
+``--figures`` runs only those suites.
 """
 
 from __future__ import annotations
@@ -32,12 +39,15 @@ from bench import (
     operating_bench,
     outage_bench,
     recovery_bench,
+    scale_bench,
     security_bench,
     sidecar_bench,
     sim_bench,
+    split_bench,
     startup_bench,
 )
-from bench.report import measurements_table
+from bench.report import Figure, figures_table, measurements_table
+from lbd.core.state import MAX_SPLIT_CHILDREN
 from lbd.sim.balance_suite import run_suite
 from lbd.sim.balance_suite import table as balance_table
 
@@ -51,21 +61,35 @@ SUITES = (
     "lookup",
     "assign",
     "recovery",
+    "split",
+    "scale",
     "operating",
     "outages",
     "sim",
     "security",
 )
+FIGURE_SUITES = ("lookup", "assign", "recovery", "broker_cache", "split", "scale")
+"""The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
+here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
 
 
 def main() -> None:
-    """Run the chosen suites and print a table for each."""
+    """Run the chosen suites, print a table for each, then their figures against baselines."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller inputs (smoke run)")
-    parser.add_argument("--only", choices=SUITES, action="append", help="run only these suites")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--only", choices=SUITES, action="append", help="run only these suites")
+    which.add_argument(
+        "--figures",
+        action="store_const",
+        dest="only",
+        const=FIGURE_SUITES,
+        help=f"run only the suites with figures against a baseline ({', '.join(FIGURE_SUITES)})",
+    )
     args = parser.parse_args()
     suites = args.only or SUITES
     console = Console()
+    figures: list[Figure] = []
     if "core" in suites:
         table = Table(title="core")
         for column in ("benchmark", "ops", "seconds", "rate"):
@@ -78,6 +102,7 @@ def main() -> None:
         with console.status("broker_cache: topic lookups from the ownership cache..."):
             result = broker_cache_bench.run(rounds=10 if args.quick else 100)
         console.print(measurements_table("broker-side ownership cache, in process", result))
+        figures += broker_cache_bench.figures(result)
     if "balance" in suites:
         with console.status("balance: every strategy on every scenario..."):
             console.print(balance_table(run_suite()))
@@ -99,17 +124,37 @@ def main() -> None:
     if "lookup" in suites:
         lookups = 1_000 if args.quick else 4_000
         with console.status(f"lookup: {lookups:,} owned lookups, lbd and a trivial server..."):
-            console.print(lookup_bench.table(lookup_bench.run(lookups=lookups)))
+            medians = lookup_bench.run(lookups=lookups)
+        console.print(lookup_bench.table(medians))
+        figures += lookup_bench.figures(medians)
     if "assign" in suites:
         bundles = 1_000 if args.quick else 4_000
         with console.status(f"assign: {bundles:,} new bundles, one at a time then in bulk..."):
             result = assign_bench.run(bundles=bundles)
         console.print(measurements_table("new-bundle assignment on a dev cluster", result))
+        figures += assign_bench.figures(result)
     if "recovery" in suites:
         orphans = 1_000 if args.quick else 10_000
         with console.status(f"recovery: a broker with {orphans:,} bundles killed..."):
             result = recovery_bench.run(bundles=orphans)
         console.print(measurements_table("orphans owned again after kill -9", result))
+        figures += recovery_bench.figures(result)
+    if "split" in suites:
+        children = 200 if args.quick else MAX_SPLIT_CHILDREN
+        with console.status(f"split: one bundle into {children:,} children..."):
+            result = split_bench.run(children=children)
+        console.print(measurements_table("a split on a dev cluster", result))
+        figures += split_bench.figures(result)
+    if "scale" in suites:
+        sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+        with console.status(
+            f"scale: 100 brokers, {' / '.join(f'{n:,}' for n in sizes)} bundles..."
+        ):
+            result = scale_bench.run(sizes=sizes, idle_s=10 if args.quick else 20)
+        console.print(
+            measurements_table("100 brokers: lookups, memory, idle CPU, catch-up", result)
+        )
+        figures += scale_bench.figures(result)
     if "operating" in suites:
         transfers, drained = (50, 50) if args.quick else (60, 200)
         with console.status(f"operating: {transfers} transfers, a drain of {drained} bundles..."):
@@ -132,6 +177,8 @@ def main() -> None:
         lookups = 1_000 if args.quick else 4_000
         with console.status(f"security: {lookups:,} lookups through a plain and a secure cluster"):
             console.print(security_bench.table(security_bench.run(lookups=lookups)))
+    if figures:
+        console.print(figures_table("figures against their baselines", figures))
 
 
 if __name__ == "__main__":

@@ -8,29 +8,31 @@ channel shows it. Measured through one sidecar with the same grpc.aio client:
 
 - one at a time (the first ``sequential`` bundles): latency p50 and p99;
 - in bulk (every other bundle, ``concurrency`` Lookups in flight): assignments per second.
+
+:func:`figures` sets the p99 and the bulk rate against their goals (README "Benchmarks").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 
-from bench.report import measurements_table
+from bench.report import Figure, cuts, drain, lookup_owned, measurements_table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
-from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.gen.v1 import lbd_pb2_grpc
 from lbd.sim.workload import Workload, WorkloadSpec
 
 NAMESPACE = "bench/assign"
+P99_GOAL_MS = 20.0
+BULK_GOAL_PER_S = 2_000.0
 
 
 def run(*, bundles: int = 4_000, sequential: int = 200, concurrency: int = 64) -> dict[str, float]:
@@ -60,31 +62,40 @@ async def _measure(
         stub = lbd_pb2_grpc.LoadBalancerStub(channel)
 
         async def assign(topic: str) -> None:
-            reply = await stub.Lookup(lbd_pb2.LookupRequest(topic=topic), timeout=60)
-            if reply.state != lbd_pb2.BUNDLE_STATE_OWNED:
-                raise RuntimeError(f"{topic}: answered {reply.state}, not Owned")
+            await lookup_owned(stub, topic)
 
-        latencies = []
-        for topic in one_by_one:
-            start = time.perf_counter()
-            await assign(topic)
-            latencies.append(1000 * (time.perf_counter() - start))
-        cuts = statistics.quantiles(latencies, n=100, method="inclusive")
-        pending = iter(bulk)
-
-        async def worker() -> None:
-            for topic in pending:
-                await assign(topic)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        bulk_s = time.perf_counter() - start
+        p50_ms, p99_ms = cuts((await drain(one_by_one, assign, 1)).latencies_ms)
+        in_bulk = await drain(bulk, assign, concurrency)
     return {
-        "one at a time: p50 ms": cuts[49],
-        "one at a time: p99 ms": cuts[98],
-        f"in bulk ({concurrency} in flight): assignments/s": len(bulk) / bulk_s,
+        "one at a time: p50 ms": p50_ms,
+        "one at a time: p99 ms": p99_ms,
+        f"in bulk ({concurrency} in flight): assignments/s": in_bulk.per_s,
         "in bulk: bundles": float(len(bulk)),
     }
+
+
+def figures(result: dict[str, float]) -> list[Figure]:
+    """The p99 one at a time and the rate in bulk, each against its goal."""
+    # The bulk rate's name carries its concurrency: "in bulk (64 in flight): assignments/s".
+    (rate_name,) = (name for name in result if name.endswith(" in flight): assignments/s"))
+    return [
+        Figure(
+            "new-bundle assignment p99, one at a time",
+            result["one at a time: p99 ms"],
+            "ms",
+            P99_GOAL_MS,
+            "goal",
+            "<= 1",
+        ),
+        Figure(
+            f"new-bundle assignments {rate_name.removesuffix(': assignments/s')}",
+            result[rate_name],
+            "per s",
+            BULK_GOAL_PER_S,
+            "goal",
+            ">= 1",
+        ),
+    ]
 
 
 def main() -> None:

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.report import cuts, drain
 from lbd.broker.credentials import ClientCredentials
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
@@ -72,24 +71,10 @@ async def _measure(addr: str, credentials: ClientCredentials, topics: list[str])
         async def lookup(topic: str) -> None:
             await stub.Lookup(lbd_pb2.LookupRequest(topic=topic), metadata=metadata, timeout=30)
 
-        latencies = []
-        for topic in topics[: len(topics) // 4]:
-            start = time.perf_counter()
-            await lookup(topic)
-            latencies.append(1000 * (time.perf_counter() - start))
-        cuts = statistics.quantiles(latencies, n=100, method="inclusive")
-        per_s: dict[int, float] = {}
-        for concurrency in CONCURRENCIES:
-            pending = iter(topics)
-
-            async def worker() -> None:
-                for topic in pending:  # noqa: B023 - each round drains its own iterator
-                    await lookup(topic)
-
-            start = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            per_s[concurrency] = len(topics) / (time.perf_counter() - start)
-        return Figures(cuts[49], cuts[98], per_s)
+        one_by_one = await drain(topics[: len(topics) // 4], lookup, 1)
+        p50_ms, p99_ms = cuts(one_by_one.latencies_ms)
+        per_s = {c: (await drain(topics, lookup, c)).per_s for c in CONCURRENCIES}
+        return Figures(p50_ms, p99_ms, per_s)
 
 
 def table(figures: dict[str, Figures]) -> Table:

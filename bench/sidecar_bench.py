@@ -19,7 +19,6 @@ import asyncio
 import os
 import random
 import signal
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
-from bench.report import measurements_table
+from bench.report import cuts, drain, measurements_table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
@@ -89,22 +88,19 @@ def _latencies_ms(call: Callable[[str], object], topics: list[str]) -> list[floa
 
 
 def _percentiles(name: str, values: list[float]) -> dict[str, float]:
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {f"{name}_p50_ms": cuts[49], f"{name}_p99_ms": cuts[98]}
+    p50_ms, p99_ms = cuts(values)
+    return {f"{name}_p50_ms": p50_ms, f"{name}_p99_ms": p99_ms}
 
 
 async def _throughput(addr: str, topics: list[str], concurrency: int) -> float:
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = lbd_pb2_grpc.LoadBalancerStub(channel)
-        pending = iter(topics)
-
-        async def worker() -> None:
-            for topic in pending:
-                await stub.Lookup(lbd_pb2.LookupRequest(topic=topic), timeout=30)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return len(topics) / (time.perf_counter() - start)
+        drained = await drain(
+            topics,
+            lambda topic: stub.Lookup(lbd_pb2.LookupRequest(topic=topic), timeout=30),
+            concurrency,
+        )
+        return drained.per_s
 
 
 def _failover(cluster: DevCluster) -> dict[str, float]:

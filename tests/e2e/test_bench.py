@@ -1,10 +1,65 @@
-"""The sidecar benchmark runs end to end (``make bench`` must not rot), on small inputs."""
+"""The sidecar benchmark runs end to end (``make bench`` must not rot), on small inputs.
+
+The first tests need no server: the helpers the benchmarks share, and the figures' table.
+"""
+
+import asyncio
 
 import pytest
+from rich.console import Console
 
-from bench import assign_bench, lookup_bench, operating_bench, recovery_bench, sidecar_bench
+from bench import (
+    assign_bench,
+    lookup_bench,
+    operating_bench,
+    recovery_bench,
+    scale_bench,
+    sidecar_bench,
+)
+from bench.report import Figure, cuts, drain, figures_table
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
+
+
+def test_a_figure_is_its_ratio_to_the_baseline_and_says_whether_it_meets_the_goal() -> None:
+    at_the_bound = Figure("lookups", 900.0, "per s", 1_000.0, "same run", ">= 0.9")
+    slower = Figure("p99", 6.0, "ms", 5.0, "goal", "<= 1")
+    assert at_the_bound.ratio == pytest.approx(0.9) and at_the_bound.met
+    assert slower.ratio == pytest.approx(1.2) and not slower.met
+    assert not Figure("p99", 6.0, "ms", 6.0, "goal", "<= 0.99").met
+
+    console = Console(width=200, record=True)
+    console.print(figures_table("figures", [at_the_bound, slower]))
+    rows = [line for line in console.export_text().splitlines() if line.startswith("│")]
+    assert [[cell.strip() for cell in row.split("│")[1:-1]] for row in rows] == [
+        ["lookups", "900 per s", "1,000 per s (same run)", "0.90", "ratio >= 0.9", "yes"],
+        ["p99", "6.00 ms", "5.00 ms (goal)", "1.20", "ratio <= 1", "no"],
+    ]
+
+
+async def test_drain_keeps_the_calls_in_flight_at_its_concurrency_and_times_each() -> None:
+    in_flight: list[int] = []
+    peak = 0
+
+    async def call(item: int) -> None:
+        nonlocal peak
+        in_flight.append(item)
+        peak = max(peak, len(in_flight))
+        await asyncio.sleep(0)
+        in_flight.remove(item)
+
+    drained = await drain(range(10), call, 3)
+    assert peak == 3 and len(drained.latencies_ms) == 10
+    assert drained.per_s == pytest.approx(10 / drained.seconds)
+    assert cuts([float(v) for v in range(1, 102)]) == (51.0, 100.0)
+
+
+def test_the_lookup_figures_set_the_p99_against_the_trivial_server_and_the_goal() -> None:
+    runs = {c: lookup_bench.Run(per_s=1_000.0, p99_ms=4.0) for c in lookup_bench.CONCURRENCIES}
+    figures = lookup_bench.figures(lookup_bench.Medians(lbd=runs, trivial=runs))
+    assert len(figures) == len(lookup_bench.CONCURRENCIES) + 2
+    assert all(f.met for f in figures)
+    assert [f.baseline for f in figures[-2:]] == [4.0, lookup_bench.P99_GOAL_MS]
 
 
 def test_the_sidecar_benchmark_measures_lookups_assignments_and_failover() -> None:
@@ -35,6 +90,7 @@ def test_the_lookup_benchmark_compares_lbd_with_the_trivial_server() -> None:
         assert figures.lbd[c].p99_ms > 0 and figures.trivial[c].p99_ms > 0, c
     rows = lookup_bench.table(figures).row_count
     assert rows == len(lookup_bench.CONCURRENCIES) + len(lookup_bench.P99_AT)
+    assert all(f.value > 0 and f.baseline > 0 for f in lookup_bench.figures(figures))
 
 
 def test_the_recovery_benchmark_times_each_phase_of_an_orphan_repair() -> None:
@@ -47,6 +103,8 @@ def test_the_recovery_benchmark_times_each_phase_of_an_orphan_repair() -> None:
     assert handed_over >= announced + 8.5
     assert result["all Owned again (s after kill)"] >= result["last hand-over (s after kill)"]
     assert result["all Owned again (s after kill)"] < 60
+    (repair,) = recovery_bench.figures(result)
+    assert repair.value == result["first hand-over to all Owned (s)"]
 
 
 def test_the_assignment_benchmark_measures_one_at_a_time_and_in_bulk() -> None:
@@ -54,3 +112,21 @@ def test_the_assignment_benchmark_measures_one_at_a_time_and_in_bulk() -> None:
     assert 0 < result["one at a time: p50 ms"] <= result["one at a time: p99 ms"]
     assert result["in bulk: bundles"] == 100
     assert result["in bulk (8 in flight): assignments/s"] > 0
+    one_at_a_time, in_bulk = assign_bench.figures(result)
+    assert one_at_a_time.value == result["one at a time: p99 ms"]
+    assert in_bulk.value == result["in bulk (8 in flight): assignments/s"]
+
+
+def test_the_scale_benchmark_measures_each_size_and_sets_lookups_against_the_smallest() -> None:
+    result = scale_bench.run(
+        sizes=(300, 1_200), profiles=("dev",), brokers=10, sidecars=2, idle_s=3, lookups=300
+    )
+    for size in ("300", "1,200"):
+        assert result[f"dev {size}: idle: fences"] == 0
+        assert result[f"dev {size}: idle: channel changes applied (all sidecars)"] == 0
+        assert 0 < result[f"dev {size}: lookup p50 ms"] <= result[f"dev {size}: lookup p99 ms"]
+        assert result[f"dev {size}: idle: sidecar RSS MiB, max"] > 20
+        assert result[f"dev {size}: catch-up: sidecar start (checkpoint), slowest s"] > 0
+    (figure,) = scale_bench.figures(result)
+    assert figure.value == result["dev 1,200: lookup p99 ms"]
+    assert figure.baseline == result["dev 300: lookup p99 ms"]
