@@ -14,7 +14,7 @@ import bisect
 import enum
 import hashlib
 import json
-from collections.abc import ItemsView
+from collections.abc import Callable, ItemsView
 from dataclasses import dataclass
 from typing import Final
 
@@ -143,6 +143,10 @@ class StateTable:
     def __init__(self) -> None:
         self._values: dict[BundleId, ServiceUnitStateData] = {}
         self._by_namespace: dict[str, _RangeIndex] = {}
+        self._owners: dict[BundleId, BrokerId] = {}
+        """:func:`owner_of` every bundle that has an owner, kept as values change."""
+        self._holders: dict[BundleId, BrokerId] = {}
+        """:func:`holder` of every bundle that has one, kept as values change."""
         self._last: ChannelPosition | None = None
         self._highest_term = 0
         self._digest = 0
@@ -206,12 +210,8 @@ class StateTable:
         return bundle in self._values
 
     def owners(self) -> dict[BundleId, BrokerId]:
-        """The owner of every Owned bundle (see :func:`~lbd.core.state.owner_of`)."""
-        return {
-            bundle: owner
-            for bundle, value in self._values.items()
-            if (owner := owner_of(value)) is not None
-        }
+        """The owner of every Owned bundle (see :func:`~lbd.core.state.owner_of`), a copy."""
+        return dict(self._owners)
 
     def splitting_into(self, broker: BrokerId, child: BundleId) -> bool:
         """Whether ``child`` is a child of a bundle that ``broker`` is splitting (``Splitting``
@@ -225,12 +225,8 @@ class StateTable:
 
     def holders(self) -> dict[BundleId, BrokerId]:
         """The broker each bundle depends on (see :func:`~lbd.core.state.holder`): its owner, or
-        where an in-flight bundle is going."""
-        return {
-            bundle: broker
-            for bundle, value in self._values.items()
-            if (broker := holder(value)) is not None
-        }
+        where an in-flight bundle is going; a copy."""
+        return dict(self._holders)
 
     def apply(self, position: ChannelPosition, key: BundleId, value: bytes) -> ApplyResult:
         """Apply the message at ``position`` for bundle ``key`` with raw ``value``.
@@ -269,9 +265,17 @@ class StateTable:
             self._values[key] = proposed
             if proposed.leader_term is not None and proposed.leader_term > self._highest_term:
                 self._highest_term = proposed.leader_term
+        self._note_brokers(key, proposed)
         return ApplyResult(
             position, key, Outcome.ACCEPTED, verdict.reason, old, proposed, proposed, verdict.rule
         )
+
+    def _note_brokers(self, bundle: BundleId, value: ServiceUnitStateData | None) -> None:
+        for index, broker in ((self._owners, owner_of(value)), (self._holders, holder(value))):
+            if broker is None:
+                index.pop(bundle, None)
+            else:
+                index[bundle] = broker
 
     def _index(self, bundle: BundleId) -> None:
         namespace = bundle.rpartition("/")[0]
@@ -288,12 +292,26 @@ class StateTable:
 
     def snapshot(self) -> dict[str, object]:
         """The table as plain JSON-able data (for checkpoints): values, position, highest term."""
-        return {
-            "format": SNAPSHOT_FORMAT,
-            "position": None if self._last is None else self._last.to_json(),
-            "highest_term": self._highest_term,
-            "table": {bundle: to_json_object(data) for bundle, data in self._values.items()},
-        }
+        return self.snapshot_later()()
+
+    def snapshot_later(self) -> Callable[[], dict[str, object]]:
+        """:meth:`snapshot` as of now, made when the function returned is called.
+
+        Only the table's dict of values is copied now (its values are immutable); turning 100k
+        of them into JSON-able data can then happen elsewhere, in a thread, say, instead of in
+        one stretch of the event loop.
+        """
+        position, term, values = self._last, self._highest_term, dict(self._values)
+
+        def make() -> dict[str, object]:
+            return {
+                "format": SNAPSHOT_FORMAT,
+                "position": None if position is None else position.to_json(),
+                "highest_term": term,
+                "table": {bundle: to_json_object(data) for bundle, data in values.items()},
+            }
+
+        return make
 
     @classmethod
     def from_snapshot(cls, obj: object) -> StateTable:
@@ -321,6 +339,7 @@ class StateTable:
             except InvalidInputError as e:
                 raise InvalidInputError(f"snapshot table[{bundle!r}]: {e}") from None
             table._index(BundleId(bundle))
+            table._note_brokers(BundleId(bundle), table._values[BundleId(bundle)])
         table._digest = sum(entry_digest(b, v) for b, v in table._values.items()) % DIGEST_MODULUS
         return table
 

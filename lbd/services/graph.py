@@ -361,6 +361,7 @@ def build_sidecar(
         metrics=metrics,
         governor=governor,
         decisions=decisions,
+        channel_readable_since=lambda: fence.readable_since,
     )
     checkpointing = CheckpointDuty(
         ports.checkpoints, follower, clock, interval_s=config.checkpoint_interval_s

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.state import Rule, ServiceUnitState, ServiceUnitStateData, encode_value
+from lbd.core.state import (
+    Rule,
+    ServiceUnitState,
+    ServiceUnitStateData,
+    encode_value,
+    holder,
+    owner_of,
+)
 from lbd.core.table import ChannelPosition, Outcome, StateTable
 
 S = ServiceUnitState
@@ -231,6 +238,18 @@ def test_snapshot_round_trips_through_json() -> None:
     assert restored.apply(pos(2, 0), X, b"").outcome is Outcome.DUPLICATE
 
 
+def test_a_snapshot_made_later_is_the_table_as_it_was_when_it_was_asked_for() -> None:
+    table = _filled()
+    before = table.snapshot()
+    make = table.snapshot_later()
+    table.apply(pos(9), X, encode_value(value(S.Releasing, 9, src=A, term=5)))
+    table.apply(
+        pos(10), BundleId("t/n/0x00000000_0x00000010"), encode_value(value(S.Owned, 1, dst=B))
+    )
+    assert make() == before
+    assert table.snapshot() != before
+
+
 def test_empty_snapshot_round_trips() -> None:
     restored = StateTable.from_snapshot(json.loads(json.dumps(StateTable().snapshot())))
     assert restored.last_position is None
@@ -295,7 +314,7 @@ def _bundles(draw: st.DrawFn) -> BundleId:
     steps=st.lists(st.tuples(_bundles(), st.booleans()), max_size=40),
     queries=st.lists(_bundles(), min_size=1, max_size=10),
 )
-def test_overlapping_bundles_are_exactly_those_whose_ranges_intersect(
+def test_overlaps_owners_and_holders_follow_the_values(
     steps: list[tuple[BundleId, bool]], queries: list[BundleId]
 ) -> None:
     # Values come (Owned) and go (released, freed and tombstoned); the index follows them, and
@@ -316,7 +335,11 @@ def test_overlapping_bundles_are_exactly_those_whose_ranges_intersect(
             write(bundle, value(S.Releasing, current.version_id + 1, src=A))
             write(bundle, value(S.Free, current.version_id + 2, src=A))
             write(bundle, None)
+        # The owners and holders kept as values change are those of the values.
+        assert table.owners() == {b: o for b, v in table.items() if (o := owner_of(v))}
+        assert table.holders() == {b: h for b, v in table.items() if (h := holder(v))}
     restored = StateTable.from_snapshot(json.loads(json.dumps(table.snapshot())))
+    assert restored.owners() == table.owners() and restored.holders() == table.holders()
     for query in [*queries, *(b for b, _ in steps)]:
         expected = _brute_overlapping(table, query)
         assert {b for b, _ in table.overlapping(query)} == expected, query

@@ -55,9 +55,11 @@ async def save(
     position = table.last_position
     if position is None:
         return None
-    # The snapshot is taken here, at one position; serialising megabytes of it would stall the
-    # event loop, so that part runs in a thread (the snapshot is a fresh structure nobody shares).
-    body = await asyncio.to_thread(_serialise, table.snapshot())
+    # The snapshot is taken here, at one position; making it JSON-able and serialising
+    # megabytes of it would stall the event loop, so that part runs in a thread (on a copy of
+    # the table's values, which are immutable).
+    make = table.snapshot_later()
+    body = await asyncio.to_thread(lambda: _serialise(make()))
     checkpoint = StoredCheckpoint(position, leader_term, body)
     if not await store.save(checkpoint):
         _log.info(

@@ -148,10 +148,14 @@ class OwnershipMonitor:
         metrics: Metrics,
         governor: ExecutionGovernor,
         decisions: DecisionLog,
+        channel_readable_since: Callable[[], float | None] = lambda: None,
     ) -> None:
         """``handover_wait_s``: see :attr:`lbd.core.tuning.SidecarTimings.handover_wait_s`;
         an orphan's move to its new broker waits for a slot of ``governor``'s recovery
-        budget; every fix is recorded in ``decisions``."""
+        budget; every fix is recorded in ``decisions``. ``channel_readable_since()`` says since
+        when this sidecar has read the channel without a break (None: always): a value is
+        stuck in flight only once the channel was readable for the whole in-flight timeout."""
+        self._channel_readable_since = channel_readable_since
         self._governor = governor
         self._decisions = decisions
         self._proposer = proposer
@@ -323,6 +327,14 @@ class OwnershipMonitor:
                 return None
             return await self._orphan(bundle, value, server, sweep, f"{server} away {gone_s:.0f}s")
         if value.state.is_in_flight and age_ms >= self._settings.inflight_timeout_s * 1000:
+            readable_since = self._channel_readable_since()
+            if (
+                readable_since is not None
+                and sweep.mono - readable_since < self._settings.inflight_timeout_s
+            ):
+                # Nobody could move it on while the channel was unreadable: its sidecars get
+                # the whole timeout again once it reads through.
+                return None
             reason = f"{value.state.value} for {age_ms / 1000:.0f}s"
             return await self._unstick(bundle, value, sweep, reason)
         return None

@@ -78,9 +78,17 @@ class Fence:
         self._barrier_began: float | None = None
         """When the last completed channel read barrier began (clock-monotonic)."""
         self._barrier_failing = False
+        self._readable_since: float | None = None
         self._on_channel_only = False
         self.fencings = 0
         """How many times this sidecar fenced itself."""
+
+    @property
+    def readable_since(self) -> float | None:
+        """Since when (clock-monotonic) the channel has been read through without a break: a
+        failed read barrier, or none completed for ``fence_after_s``, starts a new run. None
+        before :meth:`start`."""
+        return self._readable_since
 
     @property
     def fenced(self) -> bool:
@@ -94,7 +102,7 @@ class Fence:
         first read barrier.
         """
         if not self._tasks:
-            self._barrier_began = self._clock.monotonic()
+            self._barrier_began = self._readable_since = self._clock.monotonic()
             events = self._metadata.session_events()
             self._tasks = [
                 guard(self._run(), name="fence"),
@@ -261,8 +269,12 @@ class Fence:
                 _log.warning("channel read barrier failed: %s", e)
             self._barrier_failing = True
         else:
+            done = self._clock.monotonic()
+            previous = self._barrier_began
             if self._barrier_failing:
                 _log.info("channel read barrier completed again")
+            if self._barrier_failing or previous is None or done - previous > self._fence_after_s:
+                self._readable_since = done
             self._barrier_failing = False
             self._barrier_began = max(began, self._barrier_began or began)
 

@@ -191,3 +191,22 @@ async def test_no_lease_is_granted_while_the_broker_serves_what_the_table_gives_
         await h.idle()
         assert BUNDLES[1] not in a.broker.serving and ("a", "close") in h.kinds(BUNDLES[1])
         assert a.fence.vouches()
+
+
+async def test_a_channel_outage_starts_a_new_run_of_readable_time_when_it_ends() -> None:
+    # What the leader's monitor waits on before it calls a value stuck in flight: the channel
+    # read through without a break for the whole timeout.
+    async with Harness(timing=TIMING) as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        started = a.fence.readable_since
+        assert started is not None and started <= h.clock.monotonic()
+        await h.clock.run_for(3 * TIMING.fence_check_interval_s, step=0.25)
+        assert a.fence.readable_since == started  # barriers kept completing
+        h.log.go_down()
+        await h.clock.run_for(TIMING.fence_after_s + 2, step=0.5)
+        assert a.fence.readable_since == started  # nothing completed yet
+        h.log.come_back()
+        back = h.clock.monotonic()
+        await settle(h.clock, lambda: a.fence.readable_since != started)
+        assert back <= a.fence.readable_since <= h.clock.monotonic()

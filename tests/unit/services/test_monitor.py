@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
+import pytest
 from harness import Harness, Timing
 from rig import QUIET, settle, turns
 
@@ -124,6 +125,9 @@ async def rig() -> AsyncIterator[Rig]:
         leader = await h.add("leader", auto_ack=False)
         others = MemoryMetadataStore(h.metadata, POLICY)
         await others.start()
+        # The leader has read the channel through for longer than the in-flight timeout:
+        # values stuck in flight are its to fix (a sidecar that just started waits that long).
+        await h.clock.run_for(SETTINGS.inflight_timeout_s + 1)
         try:
             yield Rig(
                 h.clock,
@@ -265,6 +269,27 @@ async def test_stuck_in_flight_states_never_give_a_second_broker_the_bundle() ->
         assert forced(b2) and b2.dst_broker == Y
         assert r.follower.get(B3).state is S.Assigning and not r.follower.get(B3).force
         assert r.cleanup("inflight", "Success") == 2
+
+
+async def test_nothing_is_stuck_in_flight_until_the_channel_was_readable_for_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The channel was unreadable (Pulsar down) until 5 s ago: an Assigning from before the
+    # outage is 31 s old, but its sidecars could not write Owned meanwhile. It gets the whole
+    # in-flight timeout from when the channel reads through again.
+    async with rig() as r:
+        await r.register(Y, Z)
+        await r.write(B1, S.Assigning, dst=Y, age_s=31)
+        back = r.clock.monotonic() - 5
+        monkeypatch.setattr(r.monitor, "_channel_readable_since", lambda: back)
+        assert (await r.sweep()).fixes == ()
+        await r.clock.run_for(SETTINGS.inflight_timeout_s - 5 - 0.5)
+        assert (await r.sweep()).fixes == ()
+        await r.clock.run_for(1.0)
+        report = await r.sweep()
+        assert [(f.bundle, f.kind, f.state) for f in report.fixes] == [
+            (B1, "inflight", S.Releasing)
+        ]
 
 
 async def test_a_stuck_split_goes_back_to_its_source_or_is_finished() -> None:
