@@ -196,7 +196,7 @@ class StateTable:
         logarithmic in the namespace's bundles, not linear in the table's.
         """
         whole = parse_bundle_id(bundle)
-        index = self._by_namespace.get(bundle.rpartition("/")[0])
+        index = self._by_namespace.get(_namespace_of(bundle))
         if index is None:
             return []
         hi = whole.range.hi + whole.range.includes_upper
@@ -278,14 +278,14 @@ class StateTable:
                 index[bundle] = broker
 
     def _index(self, bundle: BundleId) -> None:
-        namespace = bundle.rpartition("/")[0]
+        namespace = _namespace_of(bundle)
         index = self._by_namespace.get(namespace)
         if index is None:
             index = self._by_namespace[namespace] = _RangeIndex()
         index.add(bundle)
 
     def _unindex(self, bundle: BundleId) -> None:
-        namespace = bundle.rpartition("/")[0]
+        namespace = _namespace_of(bundle)
         index = self._by_namespace.get(namespace)
         if index is not None and index.remove(bundle) and not index:
             del self._by_namespace[namespace]
@@ -335,13 +335,20 @@ class StateTable:
         table._highest_term = term
         for bundle, value in values.items():
             try:
-                table._values[BundleId(bundle)] = from_json_object(value)
+                data = from_json_object(value)
             except InvalidInputError as e:
                 raise InvalidInputError(f"snapshot table[{bundle!r}]: {e}") from None
-            table._index(BundleId(bundle))
-            table._note_brokers(BundleId(bundle), table._values[BundleId(bundle)])
+            key = BundleId(bundle)
+            table._values[key] = data
+            table._index(key)
+            table._note_brokers(key, data)
         table._digest = sum(entry_digest(b, v) for b, v in table._values.items()) % DIGEST_MODULUS
         return table
+
+
+def _namespace_of(bundle: BundleId) -> str:
+    """``tenant/namespace`` of a bundle id (any key: the part before its last slash)."""
+    return bundle.rpartition("/")[0]
 
 
 _ABOVE_ALL: Final = FULL_UPPER + 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Container, Mapping
 from types import MappingProxyType
 
 from lbd.core.broker import BrokerInfo
@@ -184,3 +184,32 @@ def _decode(broker: BrokerId, raw: bytes) -> BrokerInfo | None:
         )
         return None
     return info
+
+
+class GoneBrokers:
+    """How long unregistered brokers have been away, for a duty that walks the table (the
+    leader's monitor, the safety auditor).
+
+    The registry's word when this sidecar saw the broker vanish; for one that vanished before it
+    was watching, from when the duty first asked about it. Each duty keeps its own.
+    """
+
+    def __init__(self, registry: BrokerRegistry) -> None:
+        self._registry = registry
+        self._noticed: dict[BrokerId, float] = {}
+        """Brokers whose vanishing this sidecar did not witness: when the duty noticed them."""
+
+    def away_s(self, broker: BrokerId, now: float) -> float:
+        """Seconds the unregistered ``broker`` has been away at ``now`` (clock-monotonic)."""
+        since = self._registry.absent_since(broker)
+        if since is None:
+            since = self._noticed.setdefault(broker, now)
+        return now - since
+
+    def keep_only(self, brokers: Container[BrokerId]) -> None:
+        """Forget every broker not in ``brokers``: one named again later is noticed afresh."""
+        self._noticed = {b: t for b, t in self._noticed.items() if b in brokers}
+
+    def clear(self) -> None:
+        """Forget every broker noticed."""
+        self._noticed.clear()

@@ -86,7 +86,7 @@ from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.loads import LoadView
-from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
 
 _log = logging.getLogger(__name__)
 
@@ -96,9 +96,9 @@ most). A report read by an audit is up to a report interval plus an audit interv
 by default), which this covers up to about 200 accepted changes a second; on a busier channel
 some reports are counted as not compared, never compared wrongly."""
 _FEED_TURNS = 10
+"""Loop turns an audit gives the digest feed to catch up with the table before comparing."""
 AUDIT_SLICE = 2_000
 """The table check lets the event loop run after each slice of this many bundles."""
-"""Loop turns an audit gives the digest feed to catch up with the table before comparing."""
 
 
 class _DigestFeed:
@@ -182,8 +182,9 @@ class SafetyAuditor:
         self._findings = FindingTracker()
         self._divergence = DivergenceTracker()
         self._dead_owners = DeadOwnerWatch()
-        self._noticed_gone: dict[BrokerId, float] = {}
-        """Gone brokers whose vanishing this sidecar did not witness: when it noticed."""
+        self._gone = GoneBrokers(registry)
+        """Gone brokers, counted from when this sidecar noticed them if it did not see them go
+        (as the monitor counts them)."""
         self._undated: dict[tuple[BundleId, int], int] = {}
         """Values without a timestamp, by (bundle, version): when the auditor first saw them."""
 
@@ -216,7 +217,7 @@ class SafetyAuditor:
         self._findings = FindingTracker()
         self._divergence = DivergenceTracker()
         self._dead_owners = DeadOwnerWatch()
-        self._noticed_gone.clear()
+        self._gone.clear()
         self._undated.clear()
         self._metrics.observe_audit({}, None)
 
@@ -294,13 +295,6 @@ class SafetyAuditor:
 
     # -- the table and the registry ---------------------------------------------------------
 
-    def _away_of(self, broker: BrokerId, now: float) -> float:
-        since = self._registry.absent_since(broker)
-        if since is None:
-            # Gone before this sidecar was watching: counted from when it noticed, as the monitor.
-            since = self._noticed_gone.setdefault(broker, now)
-        return now - since
-
     async def _check_table(
         self,
         findings: list[Finding],
@@ -328,7 +322,7 @@ class SafetyAuditor:
             for bundle, value in values:
                 server = server_of(value)
                 if server is not None and server not in live and server not in away:
-                    away[server] = self._away_of(server, now)
+                    away[server] = self._gone.away_s(server, now)
                 if value.timestamp_ms == 0:
                     key = (bundle, value.version_id)
                     first_seen[key] = self._undated.get(key, now_ms)
@@ -342,7 +336,7 @@ class SafetyAuditor:
                 bounds=self._bounds,
             )
             checked += len(values)
-        self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in away}
+        self._gone.keep_only(away)
         self._undated = first_seen
         findings += sorted(found, key=lambda f: f.bundle or "")
         return checked
@@ -416,7 +410,7 @@ class SafetyAuditor:
             sidecar,
             answers,
             registered=registered,
-            leader_away_s=None if registered else self._away_of(owner, now),
+            leader_away_s=None if registered else self._gone.away_s(owner, now),
             leader_value=self._follower.get(bundle),
             responsible_s=responsible_s,
             bounds=self._bounds,

@@ -56,7 +56,7 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.namespaces import NamespaceService
-from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
 from lbd.services.leader.decisions import DecisionLog
 from lbd.services.leader.governor import ExecutionGovernor
 
@@ -167,8 +167,7 @@ class OwnershipMonitor:
         self._settings = config
         self._handover_wait_s = handover_wait_s
         self._metrics = metrics
-        self._noticed_gone: dict[BrokerId, float] = {}
-        """Brokers seen unregistered whose vanishing this sidecar did not witness."""
+        self._gone = GoneBrokers(registry)
         self._undated: dict[tuple[BundleId, int], int] = {}
         """Values without a timestamp, by (bundle, version): when the monitor first saw them."""
         self._waiting: set[BrokerId] = set()
@@ -239,7 +238,7 @@ class OwnershipMonitor:
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
             # A broker the table no longer names starts a new grace if it is named again.
-            self._noticed_gone = {b: t for b, t in self._noticed_gone.items() if b in sweep.away}
+            self._gone.keep_only(sweep.away)
         return SweepReport(
             tuple(sweep.fixes),
             tuple(sweep.failed),
@@ -554,11 +553,8 @@ class OwnershipMonitor:
         """Seconds the unregistered ``broker`` has been away, as of the sweep's start."""
         away = sweep.away.get(broker)
         if away is None:
-            since = self._registry.absent_since(broker)
-            if since is None:
-                # Vanished before this sidecar was watching: the grace starts when it noticed.
-                since = self._noticed_gone.setdefault(broker, sweep.mono)
-            away = sweep.away[broker] = sweep.mono - since
+            # Vanished before this sidecar was watching: the grace starts when it noticed.
+            away = sweep.away[broker] = self._gone.away_s(broker, sweep.mono)
         return away
 
     def _age_ms(self, bundle: BundleId, value: ServiceUnitStateData, now_ms: int) -> int:
