@@ -26,13 +26,13 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 
-from bench.report import Figure, measurements_table
+from bench.report import Figure, cuts, measurements_table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
@@ -55,6 +55,8 @@ class Timeline:
     first_handover: float | None = None
     last_handover: float | None = None
     all_owned: float | None = None
+    settle_s: list[float] = field(default_factory=list)
+    """Each bundle's hand-over to its Owned, in seconds (the destination's Own round trip)."""
 
 
 def run(*, bundles: int = 10_000) -> dict[str, float]:
@@ -123,6 +125,10 @@ def _measure(cluster: DevCluster, bundles: int) -> dict[str, float]:
         result["first hand-over to all Owned (s)"] = timeline.all_owned - timeline.first_handover
     if timeline.first_announced is not None and timeline.last_announced is not None:
         result["announcement spread (s)"] = timeline.last_announced - timeline.first_announced
+    if len(timeline.settle_s) >= 2:
+        p50, p99 = cuts([s * 1000 for s in timeline.settle_s])
+        result["hand-over to Owned, p50 (ms)"] = p50
+        result["hand-over to Owned, p99 (ms)"] = p99
     return result
 
 
@@ -160,7 +166,7 @@ async def _watch(
         stream = stub.WatchOwnership(lbd_pb2.WatchOwnershipRequest(namespace=NAMESPACE))
         owned_elsewhere: set[str] = set()
         announced: set[str] = set()
-        handed: set[str] = set()
+        handed: dict[str, float] = {}
         deadline = time.monotonic() + TIMEOUT_S
         async for change in stream:
             if change.snapshot_done:
@@ -176,12 +182,14 @@ async def _watch(
                 if len(announced) == bundles:
                     timeline.last_announced = at
             elif state == lbd_pb2.BUNDLE_STATE_ASSIGNING and owner != victim:
-                handed.add(change.bundle)
+                handed.setdefault(change.bundle, at)
                 timeline.first_handover = timeline.first_handover or at
                 if len(handed) == bundles:
                     timeline.last_handover = at
             elif state == lbd_pb2.BUNDLE_STATE_OWNED and owner != victim:
                 owned_elsewhere.add(change.bundle)
+                if change.bundle in handed:
+                    timeline.settle_s.append(at - handed[change.bundle])
                 if len(owned_elsewhere) == bundles:
                     timeline.all_owned = at
                     stream.cancel()

@@ -7,8 +7,9 @@ callback so that the daemon can stop loudly instead of running on without a vita
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 _log = logging.getLogger(__name__)
@@ -64,3 +65,47 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
             raise
     except Exception:
         pass  # the guard logged it when it happened
+
+
+class _Expiry:
+    """What a :func:`sleep_timeout` scope yields: whether its time ran out."""
+
+    def __init__(self) -> None:
+        self._expired = False
+
+    def expired(self) -> bool:
+        """Whether the scope's time ran out (its body was cancelled for it)."""
+        return self._expired
+
+
+@contextlib.asynccontextmanager
+async def sleep_timeout(
+    sleep: Callable[[float], Awaitable[None]], seconds: float
+) -> AsyncIterator[_Expiry]:
+    """``asyncio.timeout`` on another clock: cancel the body once ``sleep(seconds)`` returns,
+    and raise :class:`TimeoutError` then.
+
+    The timer is a task that cancels the body's task, so a cancellation from elsewhere is told
+    apart by the task's cancel count, as ``asyncio.timeout`` does.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("sleep_timeout must be used inside a task")
+    cancelling = task.cancelling()
+    expiry = _Expiry()
+
+    async def expire() -> None:
+        await sleep(seconds)
+        expiry._expired = True
+        task.cancel()
+
+    timer = asyncio.ensure_future(expire())
+    try:
+        yield expiry
+    except asyncio.CancelledError as e:
+        if expiry.expired() and task.uncancel() <= cancelling:
+            raise TimeoutError from e
+        raise
+    finally:
+        # A timer whose sleep ended but that has not run yet is cancelled before it cancels.
+        timer.cancel()

@@ -6,6 +6,10 @@ import asyncio
 import heapq
 import itertools
 import time
+from contextlib import AbstractAsyncContextManager
+
+from lbd.ports.clock import TimeoutScope
+from lbd.tasks import sleep_timeout
 
 
 class SystemClock:
@@ -22,6 +26,10 @@ class SystemClock:
     async def sleep(self, seconds: float) -> None:
         """``asyncio.sleep(seconds)``."""
         await asyncio.sleep(seconds)
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
+        """``asyncio.timeout(seconds)``: a timer handle, no task."""
+        return asyncio.timeout(seconds)
 
 
 class ManualClock:
@@ -53,6 +61,10 @@ class ManualClock:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
         await future
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
+        """A scope cancelled once the clock has been advanced by ``seconds``."""
+        return sleep_timeout(self.sleep, seconds)
 
     @property
     def sleepers(self) -> int:

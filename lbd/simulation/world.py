@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,10 +70,12 @@ from lbd.core.tuning import (
     SplitConfig,
 )
 from lbd.ports.channel import ChannelMessage
+from lbd.ports.clock import TimeoutScope
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
 from lbd.simulation import loop
 from lbd.simulation.mutations import MUTATIONS
+from lbd.tasks import sleep_timeout
 
 _S = ServiceUnitState
 _HELD = (
@@ -282,6 +285,9 @@ class _HostClock:
         await self._clock.sleep(seconds / self._rate)
         if self._gate is not None:
             await self._gate.wait()
+
+    def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
+        return sleep_timeout(self.sleep, seconds)
 
 
 class _GatedChannel:

@@ -239,3 +239,19 @@ def test_a_skipped_entry_is_re_read_once_then_accepted() -> None:
     assert cursor.admit(_FakeMessage(ChannelPosition(1, 0))) is not None
     assert cursor.admit(_FakeMessage(ChannelPosition(1, 1), key="__lbd_bootstrap__")) is None
     assert cursor.last == ChannelPosition(1, 1)
+
+
+def test_a_first_message_past_its_ledgers_start_is_re_read_once_then_accepted() -> None:
+    # From the start of the log: the first message should be entry 0 of its ledger.
+    cursor = _Cursor(None)
+    with pytest.raises(_ReReadError, match="skips entries after the start of the log"):
+        cursor.admit(_FakeMessage(ChannelPosition(0, 131)))
+    assert cursor.last is None
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 131))) is not None
+
+    # Into a new ledger: its first entry read should be 0 too.
+    with pytest.raises(_ReReadError, match="skips entries after 0:131:-1"):
+        cursor.admit(_FakeMessage(ChannelPosition(2, 5)))
+    assert cursor.last == ChannelPosition(0, 131)
+    assert cursor.admit(_FakeMessage(ChannelPosition(2, 5))) is not None
+    assert cursor.admit(_FakeMessage(ChannelPosition(3, 0))) is not None

@@ -20,7 +20,7 @@ from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
 from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
-from lbd.ports.clock import Clock
+from lbd.ports.clock import Clock, TimeoutScope
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
 from lbd.tasks import cancel_and_wait
@@ -36,23 +36,17 @@ async def within(clock: Clock, seconds: float, awaitable: Awaitable[T], what: st
     """``awaitable``'s result if it completes within ``seconds`` of ``clock`` time.
 
     Raises :class:`DeadlineError` saying ``what`` did not finish in time otherwise; the awaitable
-    is cancelled then (and when the caller is).
+    is cancelled then (and when the caller is). It runs in the caller's task, under the clock's
+    timeout scope: no task of its own.
     """
-    work = asyncio.ensure_future(awaitable)
-    timer = asyncio.ensure_future(clock.sleep(seconds))
+    scope: TimeoutScope | None = None
     try:
-        await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        timer.cancel()
-        if not work.done():
-            work.cancel()
-        # Reap both, so that nothing outlives this call, letting a cancellation of this very
-        # task that arrives meanwhile through (a suppressed CancelledError would swallow it).
-        for task in (work, timer):
-            await cancel_and_wait(task)
-    if work.cancelled():
-        raise DeadlineError(f"{what} did not finish within {seconds:g}s")
-    return work.result()
+        async with clock.timeout(seconds) as scope:
+            return await awaitable
+    except TimeoutError:
+        if scope is None or not scope.expired():
+            raise  # the awaitable's own
+        raise DeadlineError(f"{what} did not finish within {seconds:g}s") from None
 
 
 def _describe(value: ServiceUnitStateData | None) -> str:

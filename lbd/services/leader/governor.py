@@ -121,6 +121,8 @@ class ExecutionGovernor:
         self._timers: dict[MoveKind, asyncio.Task[None] | None] = dict.fromkeys(MoveKind)
         self._task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._freed: dict[MoveKind, asyncio.Event] = {k: asyncio.Event() for k in MoveKind}
+        """Set (and replaced) whenever a slot of the kind is given back."""
         for kind in MoveKind:
             metrics.governor_queued.labels(budget=kind.value).set(0)
             metrics.governor_in_flight.labels(budget=kind.value).set(0)
@@ -239,8 +241,16 @@ class ExecutionGovernor:
         del self._slots[bundle]
         self._books.finish(bundle)
         self._gauge(held.ticket.kind)
+        freed = self._freed[held.ticket.kind]
+        self._freed[held.ticket.kind] = asyncio.Event()
+        freed.set()
         for kind in MoveKind:
             self._dispatch(kind)
+
+    async def wait_in_flight_at_most(self, kind: MoveKind, limit: int) -> None:
+        """Return once at most ``limit`` moves of ``kind`` hold a slot (bound it with a timeout)."""
+        while self._books.in_flight(kind) > limit:
+            await self._freed[kind].wait()
 
     def holds(self, bundle: BundleId) -> bool:
         """Whether ``bundle`` holds a slot."""

@@ -36,6 +36,7 @@ The namespace records and the registry's word on each gone broker are read once 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from lbd.core.assign import Selection
 from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
-from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
+from lbd.core.errors import DeadlineError, InvalidInputError, LbdError, NotFoundError
 from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.namespace import NamespaceRecord
@@ -53,7 +54,7 @@ from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.channel.proposals import Proposer
+from lbd.services.channel.proposals import Proposer, within
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
@@ -179,11 +180,24 @@ class OwnershipMonitor:
         """When this leader's own announcements were persisted, until it reads them back."""
 
     async def run_leading(self, term: int) -> None:
-        """The leader duty: a sweep every interval until cancelled; within a second when the
-        last sweep held orphans back for the governor's recovery budget."""
+        """The leader duty: a sweep every interval until cancelled. When the last sweep held
+        orphans back for the governor's recovery budget, the next comes as soon as half the
+        recovery slots in use then are free again, within a second at the latest."""
         while True:
             interval = self._settings.interval_s
-            await self._clock.sleep(min(interval, 1.0) if self._held_back else interval)
+            if self._held_back:
+                in_flight = self._governor.in_flight(MoveKind.RECOVERY)
+                with contextlib.suppress(DeadlineError):
+                    await within(
+                        self._clock,
+                        min(interval, 1.0),
+                        self._governor.wait_in_flight_at_most(
+                            MoveKind.RECOVERY, in_flight * 3 // 4
+                        ),
+                        "recovery slots",
+                    )
+            else:
+                await self._clock.sleep(interval)
             self._held_back = 0
             await self.run_once(term)
 

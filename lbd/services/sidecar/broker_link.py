@@ -165,6 +165,14 @@ class BrokerLink:
         """The bundles the broker acknowledged owning and was not told to give up since."""
         return frozenset(self._served)
 
+    def serves(self, bundle: BundleId) -> bool:
+        """Whether ``bundle`` is one of :meth:`served` (without copying them all)."""
+        return bundle in self._served
+
+    def served_count(self) -> int:
+        """How many bundles :meth:`served` holds."""
+        return len(self._served)
+
     # -- commands -------------------------------------------------------------------------
 
     async def own(self, bundle: BundleId) -> bool:

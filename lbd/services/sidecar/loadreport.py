@@ -158,7 +158,7 @@ class LoadReporter:
         # Three small files served from kernel memory: cheaper to read here than to hand to a
         # thread.
         usage = self._host.sample(self._clock.monotonic())
-        return replace(usage, bundle_count=len(self._link.served())), ()
+        return replace(usage, bundle_count=self._link.served_count()), ()
 
     async def _run(self) -> None:
         while True:

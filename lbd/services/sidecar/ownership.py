@@ -158,7 +158,7 @@ class OwnershipReactor:
         if (
             names(new, self._me)
             or names(result.old, self._me)
-            or bundle in self._link.served()
+            or self._link.serves(bundle)
             or bundle in self._splitting_children
         ):
             self._kick(bundle)
@@ -234,7 +234,7 @@ class OwnershipReactor:
         wanted = value is not None and (
             owner_of(value) == me or (value.state is _S.Splitting and value.source_broker == me)
         )
-        served = bundle in self._link.served()
+        served = self._link.serves(bundle)
         if wanted and not served and (blocker := self._overlapping_server(bundle)) is not None:
             # A split undone by the leader while its children were being written: the table
             # holds both. The parent is not served while another broker serves part of it.
@@ -344,7 +344,7 @@ class OwnershipReactor:
             # A child the split left behind (undone by the leader, or not finished) is closed
             # unless the table gives it to this broker.
             for child in sorted(children):
-                if child in self._link.served():
+                if self._link.serves(child):
                     self._kick(child)
 
     async def _split_steps(

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from lbd.adapters.clock import ManualClock
+from lbd.adapters.clock import ManualClock, SystemClock
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
@@ -107,3 +107,45 @@ async def test_within_returns_the_result_or_cancels_the_work() -> None:
     with pytest.raises(DeadlineError, match="the slow thing did not finish within 1s"):
         await task
     assert never.cancelled()
+
+
+async def test_within_lets_the_work_s_own_timeout_and_the_caller_s_cancellation_through() -> None:
+    clock = ManualClock()
+
+    async def times_out_itself() -> None:
+        raise TimeoutError("the work's own")
+
+    # Not the deadline's: the work's own TimeoutError is not reported as a missed deadline.
+    with pytest.raises(TimeoutError, match="the work's own"):
+        await within(clock, 1, times_out_itself(), "work")
+
+    never = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(within(clock, 1, never, "work"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert never.cancelled()
+    # The timer went with the scope: nothing sleeps on the clock any more.
+    await asyncio.sleep(0)
+    assert clock.sleepers == 0
+
+
+@pytest.mark.parametrize("real", [True, False], ids=["system-clock", "manual-clock"])
+async def test_within_on_either_clock_reports_a_missed_deadline(real: bool) -> None:
+    clock = SystemClock() if real else ManualClock()
+    never = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(within(clock, 0.05, never, "the slow thing"))
+    if not real:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await clock.run_for(0.1, step=0.05)
+    with pytest.raises(DeadlineError, match=r"the slow thing did not finish within 0\.05s"):
+        async with asyncio.timeout(2):
+            await task
+    assert never.cancelled()
+    # A result that beats the deadline leaves no pending cancellation behind.
+    assert await within(clock, 0.05, asyncio.sleep(0, result=3), "quick") == 3
+    await asyncio.sleep(0.06 if real else 0)
+    assert asyncio.current_task().cancelling() == 0
