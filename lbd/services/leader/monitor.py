@@ -191,9 +191,7 @@ class OwnershipMonitor:
                     await within(
                         self._clock,
                         min(interval, 1.0),
-                        self._governor.wait_in_flight_at_most(
-                            MoveKind.RECOVERY, in_flight * 3 // 4
-                        ),
+                        self._governor.wait_in_flight_at_most(MoveKind.RECOVERY, in_flight // 2),
                         "recovery slots",
                     )
             else:

@@ -20,12 +20,13 @@ from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
 from lbd.core.broker import BrokerInfo
+from lbd.core.governor import Budget
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
-from lbd.core.tuning import MonitorConfig
+from lbd.core.tuning import GovernorConfig, MonitorConfig
 from lbd.metrics import Metrics
 from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
@@ -118,10 +119,11 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig() -> AsyncIterator[Rig]:
+async def rig(governor: GovernorConfig = QUIET.governor) -> AsyncIterator[Rig]:
     """One sidecar as the wiring builds it, with no broker of its own (so it is no candidate),
     whose monitor the tests sweep by hand; the brokers X, Y, Z are registered by ``others``."""
-    async with Harness(config=dataclasses.replace(QUIET, monitor=SETTINGS)) as h:
+    config = dataclasses.replace(QUIET, monitor=SETTINGS, governor=governor)
+    async with Harness(config=config) as h:
         leader = await h.add("leader", auto_ack=False)
         others = MemoryMetadataStore(h.metadata, POLICY)
         await others.start()
@@ -186,6 +188,38 @@ async def test_orphans_are_announced_after_the_grace_and_handed_over_after_the_w
         assert (value.state, value.dst_broker, value.source_broker) == (S.Assigning, Y, X)
         assert forced(value)
         assert r.cleanup("orphan", "Success") == 2
+
+
+async def test_orphans_held_back_by_the_recovery_budget_go_as_soon_as_a_slot_is_free() -> None:
+    one_at_a_time = dataclasses.replace(
+        QUIET.governor, recovery=Budget(per_broker=1, cluster=1, per_minute=0)
+    )
+    async with rig(one_at_a_time) as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.write(B2, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.sweep()
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing, S.Releasing]
+        await r.clock.run_for(HANDOVER_S + 0.5)
+        report = await r.sweep()
+        assert [(f.bundle, f.state) for f in report.fixes] == [(B1, S.Assigning)]
+        assert set(report.handing_over) == {B2}  # held back: the one slot is B1's
+
+        # The leader duty's next sweep waits for room, not for the clock (which stands still).
+        duty = asyncio.ensure_future(r.monitor.run_leading(TERM))
+        try:
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert r.follower.get(B2).state is S.Releasing
+            await r.write(B1, S.Owned, dst=Y, src=X)  # Y's sidecar took B1: its slot is free
+            await turns(lambda: r.follower.get(B2).state is S.Assigning)
+            assert r.follower.get(B2).dst_broker == Y
+        finally:
+            duty.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await duty
 
 
 async def test_an_announced_move_waits_for_the_sidecar_of_a_broker_that_came_back() -> None:
