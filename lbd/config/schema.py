@@ -206,7 +206,9 @@ class ClusterSettings(Section):
     startup_timeout_s: Seconds = 6.0
     """How long `lbd serve` waits at start for etcd and Pulsar (the newest checkpoint, the state
     channel caught up, the session granted) before it exits with one line naming the step that
-    did not finish. A large channel without a recent checkpoint needs longer."""
+    did not finish. While the state channel is read, only a stretch without a new message counts,
+    so a long channel without a recent checkpoint takes as long as its replay; the steps after it
+    get the whole timeout again."""
 
     @model_validator(mode="before")
     @classmethod

@@ -266,7 +266,8 @@ class SidecarTimings:
     lease_margin_s: float = 5.0
     """Added to every wait for a granted lease to run out (``etcd.fence_margin_s``)."""
     startup_timeout_s: float = 6.0
-    """Start-up gives up after this, naming the step (``cluster.startup_timeout_s``)."""
+    """Start-up gives up after this, naming the step (``cluster.startup_timeout_s``); reading
+    the channel, after this without a new message."""
     publish_timeout_s: float = 2.0
     """A channel write not taken within this fails as unavailable (``pulsar.publish_timeout_s``)."""
     silence_timeout_s: float = 30.0

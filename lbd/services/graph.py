@@ -131,7 +131,8 @@ class Sidecar:
         """Start every part in order (see the module docstring); on failure, stop what started.
 
         Raises UnavailableError when etcd or Pulsar cannot be reached, at the latest after
-        ``startup_timeout_s`` (naming the step that did not finish).
+        ``startup_timeout_s`` (naming the step that did not finish). While the state channel is
+        read, only time without a new message counts: a long channel takes as long as it needs.
         """
         if self._stack is not None:
             return
@@ -140,12 +141,21 @@ class Sidecar:
         # The deadline sits inside the stack: what started is closed after it fired, not while.
         async with contextlib.AsyncExitStack() as stack:
             try:
-                async with asyncio.timeout(timeout_s):
+                async with asyncio.timeout(timeout_s) as deadline:
                     table = await checkpoints.restore(self.ports.checkpoints)
                     step = "reading the state channel from Pulsar"
                     stack.push_async_callback(self.ports.channel.close)
                     await self._started(stack, self.follower, table)
-                    await self.follower.wait_ready()
+                    progress = guard(
+                        _extend_while_reading(self.follower, deadline, timeout_s),
+                        name=f"startup-progress-{self.me}",
+                    )
+                    try:
+                        await self.follower.wait_ready()
+                    finally:
+                        await cancel_and_wait(progress)
+                    if not deadline.expired():  # the rest gets the whole timeout again
+                        deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
                     step = "starting the rest of the sidecar"
                     await self._start_rest(stack)
             except TimeoutError:
@@ -194,6 +204,21 @@ class Sidecar:
         """Start ``part`` and have the stack close it."""
         await part.start(*args)
         stack.push_async_callback(part.close)
+
+
+async def _extend_while_reading(
+    follower: ChannelFollower, deadline: asyncio.Timeout, timeout_s: float
+) -> None:
+    """Move ``deadline`` to ``timeout_s`` from now whenever the follower applied a new message
+    since the last look (every quarter of the timeout, at most a second apart)."""
+    loop = asyncio.get_running_loop()
+    last = follower.table.last_position
+    while True:
+        await asyncio.sleep(min(1.0, timeout_s / 4))
+        position = follower.table.last_position
+        if position != last and not deadline.expired():
+            last = position
+            deadline.reschedule(loop.time() + timeout_s)
 
 
 def build_sidecar(

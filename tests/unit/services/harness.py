@@ -359,10 +359,12 @@ class Harness:
         ack_own: bool | None = True,
         ack_release: bool | None = True,
         version: str = "1.0",
+        channel: MemoryChannelLog | None = None,
     ) -> Sidecar:
         """Build and start a sidecar for ``broker``; with ``fake_broker``, attach a FakeBroker.
 
         Every sidecar ensures the default namespace (``public/default``), as ``lbd serve`` does.
+        ``channel`` (default: a client of the shared log) is its state channel client.
         """
         me = BrokerId(broker)
         info = BrokerInfo(
@@ -376,7 +378,7 @@ class Harness:
         policy = SessionPolicy(self.timing.lease_ttl_s, self.timing.keepalive_interval_s)
         ports = SidecarPorts(
             metadata=MemoryMetadataStore(self.metadata, policy),
-            channel=MemoryChannelLog(self.log),
+            channel=channel or MemoryChannelLog(self.log),
             broker_loads=MemoryLoadStore(self.broker_load, self.clock),
             top_bundles=MemoryLoadStore(self.top_bundles, self.clock),
             checkpoints=self.checkpoints,
