@@ -106,6 +106,9 @@ async def sleep_timeout(
         if expiry.expired() and task.uncancel() <= cancelling:
             raise TimeoutError from e
         raise
+    else:
+        if expiry.expired():
+            task.uncancel()  # the body swallowed the cancellation the timer sent
     finally:
         # A timer whose sleep ended but that has not run yet is cancelled before it cancels.
         timer.cancel()

@@ -111,10 +111,11 @@ def _skips(last: ChannelPosition | None, position: ChannelPosition) -> bool:
 class _Pumped:
     """A reader whose messages one task reads ahead into a bounded queue, in order.
 
-    Awaiting the queue costs a follower far less per message than a task and a timed wait around
-    every ``read_next`` (publish-to-delivery latency at 3,000 messages/s: about 10 ms against
-    180 ms). The pump's pending read is cancelled only together with the reader, which is then
-    discarded: a message it took off the reader is lost with that reader only.
+    Awaiting the queue costs a follower less per message than a task and a timed wait around
+    every ``read_next``: at about 4,000 messages/s, publish-to-delivery p50 went from 185 ms to
+    100 ms in one process that publishes and follows. The pump's pending read is cancelled only
+    together with the reader, which is then discarded: a message it took off the reader is lost
+    with that reader only.
     """
 
     def __init__(self, reader: Any) -> None:
