@@ -149,6 +149,19 @@ class SidecarClient:
         finally:
             stream.cancel()
 
+    def watch_ownership(
+        self, namespace: str = "", *, heartbeat_ms: int = 0, timeout_s: float | None = None
+    ) -> Iterator[lbd_pb2.OwnershipChange]:
+        """The bundles' values (of ``namespace``; all when empty), the end of those, then every
+        change, with a heartbeat every ``heartbeat_ms`` once the sidecar can vouch for the
+        stream (``timeout_s``: a deadline for the whole watch; None: none)."""
+        request = lbd_pb2.WatchOwnershipRequest(namespace=namespace, heartbeat_ms=heartbeat_ms)
+        stream = self._lb.WatchOwnership(request, timeout=timeout_s, metadata=self._metadata)
+        try:
+            yield from self._stream(stream)
+        finally:
+            stream.cancel()
+
     def cordon(self, broker: str, reason: str = "") -> lbd_pb2.MaintenanceResponse:
         """Keep new bundles off ``broker``; its maintenance mode now."""
         request = lbd_pb2.CordonRequest(broker_id=broker, reason=reason)

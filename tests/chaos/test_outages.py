@@ -15,7 +15,13 @@ import pytest
 
 from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
-from tests.e2e.conftest import Cluster, own_topics, start_cluster, stop_cluster
+from tests.e2e.conftest import (
+    Cluster,
+    own_topics,
+    start_cluster,
+    stop_cluster,
+    wait_until_vouching,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(420)]
 
@@ -44,6 +50,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
     run: OutageRun | None = None
     try:
         topics = own_topics(running, NAMESPACE, BUNDLES, owned=OWNED)
+        # Whichever scenario comes first (or alone, with -k), every sidecar has ground to vouch on.
+        wait_until_vouching(running, NAMESPACE)
         owned, fresh = topics[:OWNED], iter(topics[OWNED:])
         run = OutageRun(
             running.record,

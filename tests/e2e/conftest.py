@@ -236,6 +236,19 @@ def own_topics(
     return topics
 
 
+def wait_until_vouching(cluster: Cluster, namespace: str, timeout_s: float = 30) -> None:
+    """Return once every sidecar has completed a read barrier on the state channel since this
+    call (its first heartbeat on an ownership watch): each can vouch for its broker on the
+    channel alone, as an outage of etcd or Pulsar may require."""
+    for broker in cluster.broker_ids:
+        watch = cluster.client(broker).watch_ownership(
+            namespace, heartbeat_ms=100, timeout_s=timeout_s
+        )
+        for change in watch:
+            if change.heartbeat:
+                break
+
+
 def stop_cluster(cluster: Cluster) -> None:
     cluster.close()
     stopped = lbd("dev", "down", "--state-dir", str(cluster.state_dir))
