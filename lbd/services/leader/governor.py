@@ -179,8 +179,8 @@ class ExecutionGovernor:
         """A slot at once if nobody waits in the budget and its limits allow; else None."""
         if self._queues[ticket.kind]:
             return None
-        if self._books.blocked_by(ticket, self.clock.monotonic()) is not None:
-            return None
+        if not self._books.may_start(ticket, self.clock.monotonic()):
+            return None  # asked for every orphan a sweep holds back: no explanation built
         return self._take(ticket)
 
     def _take(self, ticket: Ticket) -> Slot:
