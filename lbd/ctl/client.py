@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -143,11 +143,7 @@ class SidecarClient:
         """The operation now and after each change until it ends (``timeout_s``: a deadline
         for the whole watch; None: none)."""
         request = lbd_pb2.WatchOperationRequest(id=op_id)
-        stream = self._admin.WatchOperation(request, timeout=timeout_s, metadata=self._metadata)
-        try:
-            yield from self._stream(stream)
-        finally:
-            stream.cancel()
+        return self._stream(self._admin.WatchOperation, request, timeout_s)
 
     def watch_ownership(
         self, namespace: str = "", *, heartbeat_ms: int = 0, timeout_s: float | None = None
@@ -156,11 +152,7 @@ class SidecarClient:
         change, with a heartbeat every ``heartbeat_ms`` once the sidecar can vouch for the
         stream (``timeout_s``: a deadline for the whole watch; None: none)."""
         request = lbd_pb2.WatchOwnershipRequest(namespace=namespace, heartbeat_ms=heartbeat_ms)
-        stream = self._lb.WatchOwnership(request, timeout=timeout_s, metadata=self._metadata)
-        try:
-            yield from self._stream(stream)
-        finally:
-            stream.cancel()
+        return self._stream(self._lb.WatchOwnership, request, timeout_s)
 
     def cordon(self, broker: str, reason: str = "") -> lbd_pb2.MaintenanceResponse:
         """Keep new bundles off ``broker``; its maintenance mode now."""
@@ -209,11 +201,18 @@ class SidecarClient:
     ) -> None:
         self.close()
 
-    def _stream(self, stream: Iterator[_Response]) -> Iterator[_Response]:
+    def _stream(
+        self, method: Callable[..., Any], request: Message, timeout_s: float | None
+    ) -> Iterator[_Response]:
+        """The responses of a server-streaming call, started when first iterated and cancelled
+        when the iteration ends, however it ends."""
+        stream = method(request, timeout=timeout_s, metadata=self._metadata)
         try:
             yield from stream
         except grpc.RpcError as e:
             raise self._failure(e) from None
+        finally:
+            stream.cancel()
 
     def _call(self, method: Callable[..., _Response], request: Message) -> _Response:
         try:

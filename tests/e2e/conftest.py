@@ -8,6 +8,7 @@ serves: at no instant do two brokers serve the same bundle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -244,9 +245,9 @@ def wait_until_vouching(cluster: Cluster, namespace: str, timeout_s: float = 30)
         watch = cluster.client(broker).watch_ownership(
             namespace, heartbeat_ms=100, timeout_s=timeout_s
         )
-        for change in watch:
-            if change.heartbeat:
-                break
+        with contextlib.closing(watch):  # the stream is cancelled at the first heartbeat
+            if not any(change.heartbeat for change in watch):
+                pytest.fail(f"the ownership watch of {broker} ended before any heartbeat")
 
 
 def stop_cluster(cluster: Cluster) -> None:

@@ -564,8 +564,7 @@ class OwnershipMonitor:
     def _away_s(self, broker: BrokerId, sweep: _Sweep) -> float:
         """Seconds the unregistered ``broker`` has been away, as of the sweep's start."""
         away = sweep.away.get(broker)
-        if away is None:
-            # Vanished before this sidecar was watching: the grace starts when it noticed.
+        if away is None:  # asked once per sweep (one that vanished unseen: since noticed)
             away = sweep.away[broker] = self._gone.away_s(broker, sweep.mono)
         return away
 
