@@ -1,7 +1,11 @@
 """The state channel on a persistent Pulsar topic (the :class:`~lbd.ports.channel.ChannelLog` port).
 
 Publishing uses one unbatched producer keyed by bundle id, so every message has its own entry and
-its position is known once the broker persisted it.
+its position is known once the broker persisted it. A batch (:meth:`PulsarChannelLog.publish_batch`)
+is one message under the reserved key :data:`BATCH_KEY` whose value lists its entries
+(:func:`encode_batch`); the index of an entry within it is its position's ``batch_index``. lbd's
+own batches, not the Pulsar producer's: the entries share one entry of the ledger, so Pulsar
+persists them whole or not at all, and every reader unpacks them in the same order.
 
 Following uses readers only (a second exclusive consumer drops pulsar-lite's whole connection). A
 reader starts strictly after the last delivered position by passing that ``MessageId`` to
@@ -32,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+import struct
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any, Final, TypeVar
 
 from lbd.adapters.pulsar_client import (
@@ -45,12 +50,23 @@ from lbd.adapters.pulsar_client import (
     unavailable,
 )
 from lbd.core.table import ChannelPosition
-from lbd.ports.channel import RESERVED_KEY_PREFIX, ChannelMessage, check_publishable_key
+from lbd.ports.channel import (
+    RESERVED_KEY_PREFIX,
+    ChannelFormatError,
+    ChannelMessage,
+    check_publishable_batch,
+    check_publishable_key,
+)
 from lbd.ports.errors import UnavailableError
 from lbd.tasks import cancel_and_wait
 
 BOOTSTRAP_KEY: Final = f"{RESERVED_KEY_PREFIX}bootstrap__"
 """Key of the marker written into a never-written channel topic so its end can be found."""
+BATCH_KEY: Final = f"{RESERVED_KEY_PREFIX}batch__"
+"""Key of a message that carries a batch of entries (:func:`encode_batch`)."""
+_BATCH_FORMAT: Final = 1
+"""The first byte of a batch's value: the version of its layout."""
+_LENGTH = struct.Struct(">I")
 
 _MAX_PENDING_SENDS: Final = 1000
 """Sends in flight per producer (the client's queue size; beyond it the client refuses sends)."""
@@ -71,6 +87,49 @@ class _ReReadError(Exception):
     """The current reader may have skipped a message: replace it, starting after ``cursor.last``."""
 
 
+def encode_batch(entries: Sequence[tuple[str, bytes]]) -> bytes:
+    """A batch's value: the layout version, then each entry as its key and its value, each
+    preceded by its length in 4 bytes (big-endian); the key in UTF-8."""
+    parts = [bytes((_BATCH_FORMAT,))]
+    for key, value in entries:
+        encoded = key.encode()
+        parts += (_LENGTH.pack(len(encoded)), encoded, _LENGTH.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes) -> list[tuple[str, bytes]]:
+    """The entries of a batch's value, in order.
+
+    Raises :class:`ChannelFormatError` for a layout this version does not know, and ValueError
+    for a value that is not a batch of the known layout.
+    """
+    if not data:
+        raise ValueError("a batch with no content")
+    if data[0] != _BATCH_FORMAT:
+        raise ChannelFormatError(
+            f"a channel batch in layout {data[0]}, which this version of lbd cannot read "
+            f"(it reads layout {_BATCH_FORMAT}): upgrade this sidecar"
+        )
+    entries: list[tuple[str, bytes]] = []
+    offset = 1
+    try:
+        while offset < len(data):
+            parts: list[bytes] = []
+            for _ in range(2):
+                (length,) = _LENGTH.unpack_from(data, offset)
+                offset += _LENGTH.size
+                if offset + length > len(data):
+                    raise ValueError(f"a length of {length} runs past the end at {offset}")
+                parts.append(data[offset : offset + length])
+                offset += length
+            entries.append((parts[0].decode(), parts[1]))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"a truncated or garbled batch: {e}") from e
+    if not entries:
+        raise ValueError("a batch with no entries")
+    return entries
+
+
 class _Cursor:
     """The last position delivered by one reading, and the filter every message passes through."""
 
@@ -78,22 +137,52 @@ class _Cursor:
         self.last = after
         self._accepted_skip: ChannelPosition | None = None
 
-    def admit(self, message: Any) -> ChannelMessage | None:
-        """The message to deliver, or None to drop it; :class:`_ReReadError` on a skip."""
+    def admit(self, message: Any) -> list[ChannelMessage]:
+        """What to deliver of ``message``: its entries past the last delivered position (none
+        for a repeat, a malformed batch or a marker); :class:`_ReReadError` on a skip, and
+        :class:`ChannelFormatError` for a message this version cannot read."""
         position = to_position(message.message_id())
         last = self.last
-        if last is not None and position <= last:
-            return None
-        if _skips(last, position) and position != self._accepted_skip:
+        entry = (position.ledger_id, position.entry_id)
+        if last is not None and entry < (last.ledger_id, last.entry_id):
+            return []
+        # A message read again after an entry of its batch: only its later entries are new.
+        same_entry = last is not None and entry == (last.ledger_id, last.entry_id)
+        if not same_entry and _skips(last, position) and position != self._accepted_skip:
             # Accepted if it comes right after ``last`` again, from a fresh reader.
             self._accepted_skip = position
             after = "the start of the log" if last is None else last
             raise _ReReadError(f"position {position} skips entries after {after}")
-        self.last = position
-        key = message.partition_key()
-        if key.startswith(RESERVED_KEY_PREFIX):
-            return None
-        return ChannelMessage(position, key, message.data())
+        delivered = [m for m in _unpack(position, message) if last is None or m.position > last]
+        if delivered:
+            self.last = delivered[-1].position
+        elif last is None or position > last:
+            self.last = position
+        return delivered
+
+
+def _unpack(position: ChannelPosition, message: Any) -> list[ChannelMessage]:
+    """The entries one message of the log carries."""
+    key = message.partition_key()
+    if not key.startswith(RESERVED_KEY_PREFIX):
+        return [ChannelMessage(position, key, message.data())]
+    if key == BOOTSTRAP_KEY:
+        return []
+    if key != BATCH_KEY:
+        raise ChannelFormatError(
+            f"a channel message at {position} with the reserved key {key!r}, which this version "
+            "of lbd does not know: upgrade this sidecar"
+        )
+    try:
+        entries = decode_batch(message.data())
+    except ValueError as e:
+        # Every reader skips it alike, so the tables stay equal; the writer has a bug.
+        _log.warning("channel: skipped a malformed batch at %s: %s", position, e)
+        return []
+    return [
+        ChannelMessage(ChannelPosition(position.ledger_id, position.entry_id, index), key, value)
+        for index, (key, value) in enumerate(entries)
+    ]
 
 
 def _skips(last: ChannelPosition | None, position: ChannelPosition) -> bool:
@@ -157,6 +246,15 @@ class PulsarChannelLog:
         check_publishable_key(key)
         return await self._send(key, value)
 
+    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        """Append ``entries`` as one message; their positions once persisted (see the port)."""
+        check_publishable_batch(entries)
+        position = await self._send(BATCH_KEY, encode_batch(entries))
+        return [
+            ChannelPosition(position.ledger_id, position.entry_id, index)
+            for index in range(len(entries))
+        ]
+
     async def _send(self, key: str, value: bytes) -> ChannelPosition:
         producer = await self._get_producer()
         async with self._send_slots:
@@ -217,8 +315,8 @@ class PulsarChannelLog:
                     except _ReReadError as e:
                         _log.info("channel %s: re-reading: %s", self._topic, e)
                         break
-                    if admitted is not None:
-                        yield admitted
+                    for entry in admitted:
+                        yield entry
             finally:
                 await cancel_and_wait(pumped.task)
                 await self._discard_reader(reader)
@@ -309,9 +407,9 @@ class PulsarChannelLog:
                     await self._discard_reader(reader)
                     reader = None
                     reader = await self._open_reader(cursor.last)
-                    admitted = None
-                if admitted is not None:
-                    yield admitted
+                    admitted = []
+                for entry in admitted:
+                    yield entry
                 more = await self._has_message_available(reader)
         finally:
             if reader is not None:
@@ -341,8 +439,11 @@ class PulsarChannelLog:
     async def _open_reader(self, after: ChannelPosition | None) -> Any:
         self._check_open()
         try:
+            start, inclusive = start_id(after)
             reader = await self._cancel_on_close(
-                self._connection.client.create_reader(self._topic, start_id(after))
+                self._connection.client.create_reader(
+                    self._topic, start, start_message_id_inclusive=inclusive
+                )
             )
         except PULSAR_ERRORS as e:
             raise unavailable(f"creating a reader on {self._topic} after {after}", e) from e

@@ -71,11 +71,20 @@ def to_position(message_id: Any) -> ChannelPosition:
     return ChannelPosition(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
-def start_id(after: ChannelPosition | None) -> Any:
-    """The ``MessageId`` a reader starts from to read what comes strictly after ``after``."""
+def start_id(after: ChannelPosition | None) -> tuple[Any, bool]:
+    """The ``MessageId`` a reader starts from to read what comes after ``after``, and whether
+    it reads that message itself again (``start_message_id_inclusive``).
+
+    A position inside one of lbd's batches (``batch_index`` 0 or more) names an entry of a
+    message that also holds later entries: that message is read again, and the reader's caller
+    drops what it already delivered.
+    """
     if after is None:
-        return pulsar.MessageId.earliest
-    return pulsar.MessageId(_PARTITION_NONE, after.ledger_id, after.entry_id, after.batch_index)
+        return pulsar.MessageId.earliest, False
+    inclusive = after.batch_index >= 0
+    batch_index = -1 if inclusive else after.batch_index
+    message_id = pulsar.MessageId(_PARTITION_NONE, after.ledger_id, after.entry_id, batch_index)
+    return message_id, inclusive
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from lbd.core.tuning import (
     SidecarTimings,
     SplitConfig,
 )
+from lbd.ports.channel import MAX_BATCH_ENTRIES
 
 _SHEDDING = SheddingConfig()
 _SPLIT = SplitConfig()
@@ -361,6 +362,13 @@ class PulsarSettings(Section):
     table. Below assignment.settle_timeout_s."""
     operation_timeout_s: Seconds = 30.0
     """Deadline of one Pulsar client operation (the Pulsar client's own default)."""
+    channel_batch_max_values: Annotated[int, Field(ge=1, le=MAX_BATCH_ENTRIES)] = 256
+    """Most values a sidecar writes to the state channel as one message. Values handed over
+    while a write is on its way go out together as the next message, which every sidecar
+    applies one value at a time in order (docs/performance.md). 1 writes every value as a
+    message of its own: needed only while sidecars of a version before channel batches still
+    read the channel (those skip batches and would diverge; newer ones stop at a message they
+    cannot read)."""
     state_channel_topic: Annotated[TopicStr, AfterValidator(_check_channel_topic)] = (
         "persistent://pulsar/system/loadbalancer-service-unit-state"
     )
@@ -874,6 +882,7 @@ class Settings(BaseModel):
         """The plain configuration of a sidecar's services (they never see these settings)."""
         return SidecarConfig(
             auto_ack=self.broker.auto_ack,
+            channel_batch_max_values=self.pulsar.channel_batch_max_values,
             timings=SidecarTimings(
                 own_ack_timeout_s=self.broker.own_ack_timeout_s,
                 release_ack_timeout_s=self.broker.release_ack_timeout_s,

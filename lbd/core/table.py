@@ -99,6 +99,8 @@ class ApplyResult:
     """The decoded value the message carried (None for a tombstone, duplicate or malformed)."""
     rule: Rule | None = None
     """The resolver rule that decided (accepted and rejected messages only)."""
+    digest: int = 0
+    """The table's :attr:`StateTable.digest` once the message was applied."""
 
     @property
     def changed(self) -> bool:
@@ -125,18 +127,6 @@ def entry_digest(bundle: BundleId, value: ServiceUnitStateData | None) -> int:
     return int.from_bytes(hashlib.blake2b(canonical, digest_size=8).digest(), "big")
 
 
-def digest_step(
-    digest: int,
-    bundle: BundleId,
-    old: ServiceUnitStateData | None,
-    new: ServiceUnitStateData | None,
-) -> int:
-    """``digest`` after ``bundle`` went from ``old`` to ``new``: O(1), whatever the table's size."""
-    if old == new:
-        return digest
-    return (digest - entry_digest(bundle, old) + entry_digest(bundle, new)) % DIGEST_MODULUS
-
-
 class StateTable:
     """Every bundle's current value, as the state channel says up to :attr:`last_position`."""
 
@@ -150,6 +140,8 @@ class StateTable:
         self._last: ChannelPosition | None = None
         self._highest_term = 0
         self._digest = 0
+        self._shares: dict[BundleId, int] = {}
+        """Each bundle's :func:`entry_digest`, so that a change hashes only its new value."""
 
     @property
     def last_position(self) -> ChannelPosition | None:
@@ -236,6 +228,7 @@ class StateTable:
         position so that it is not looked at again).
         """
         old = self._values.get(key)
+        digest = self._digest
         if self._last is not None and position <= self._last:
             return ApplyResult(
                 position,
@@ -244,18 +237,34 @@ class StateTable:
                 f"position {position} <= last applied {self._last}",
                 old,
                 old,
+                digest=digest,
             )
         self._last = position
         try:
             proposed = decode_value(value)
         except InvalidInputError as e:
-            return ApplyResult(position, key, Outcome.MALFORMED, str(e), old, old)
+            return ApplyResult(position, key, Outcome.MALFORMED, str(e), old, old, digest=digest)
         verdict = resolve(old, proposed, highest_term=self._highest_term)
         if not verdict.accepted:
             return ApplyResult(
-                position, key, Outcome.REJECTED, verdict.reason, old, old, proposed, verdict.rule
+                position,
+                key,
+                Outcome.REJECTED,
+                verdict.reason,
+                old,
+                old,
+                proposed,
+                verdict.rule,
+                digest,
             )
-        self._digest = digest_step(self._digest, key, old, proposed)
+        if old != proposed:
+            # The old value's share is kept, not hashed again: one hash per change.
+            share = entry_digest(key, proposed)
+            self._digest = digest = (digest - self._shares.get(key, 0) + share) % DIGEST_MODULUS
+            if share:
+                self._shares[key] = share
+            else:
+                self._shares.pop(key, None)
         if proposed is None:
             if self._values.pop(key, None) is not None:
                 self._unindex(key)
@@ -267,7 +276,15 @@ class StateTable:
                 self._highest_term = proposed.leader_term
         self._note_brokers(key, proposed)
         return ApplyResult(
-            position, key, Outcome.ACCEPTED, verdict.reason, old, proposed, proposed, verdict.rule
+            position,
+            key,
+            Outcome.ACCEPTED,
+            verdict.reason,
+            old,
+            proposed,
+            proposed,
+            verdict.rule,
+            digest,
         )
 
     def _note_brokers(self, bundle: BundleId, value: ServiceUnitStateData | None) -> None:
@@ -342,7 +359,8 @@ class StateTable:
             table._values[key] = data
             table._index(key)
             table._note_brokers(key, data)
-        table._digest = sum(entry_digest(b, v) for b, v in table._values.items()) % DIGEST_MODULUS
+        table._shares = {b: entry_digest(b, v) for b, v in table._values.items()}
+        table._digest = sum(table._shares.values()) % DIGEST_MODULUS
         return table
 
 

@@ -305,6 +305,8 @@ class SidecarConfig:
 
     auto_ack: bool = False
     """Acknowledge broker commands when no broker is attached (demos, benchmarks)."""
+    channel_batch_max_values: int = 256
+    """Most values one state-channel message carries (``pulsar.channel_batch_max_values``)."""
     default_namespace_bundles: int = 4
     """Bundles of a namespace created without a count, and of ``public/default``."""
     timings: SidecarTimings = field(default_factory=SidecarTimings)

@@ -8,11 +8,17 @@ position is not greater than the last one they applied.
 Keys starting with :data:`RESERVED_KEY_PREFIX` belong to the log itself (the Pulsar adapter writes
 a bootstrap marker into a never-written topic): :meth:`ChannelLog.publish` refuses them and readers
 never yield them, though such a message still occupies a position.
+
+Batches: :meth:`ChannelLog.publish_batch` appends several keyed values as one message of the log,
+persisted whole or not at all. Readers deliver each of its values as a message of its own, in the
+listed order, at positions that share the batch's ledger and entry and number the values from 0 in
+``batch_index`` (an unbatched message has ``batch_index`` -1). Every reader sees the same order,
+so a batch is applied exactly as if its values had been published one after another.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -21,6 +27,9 @@ from lbd.core.table import ChannelPosition
 
 RESERVED_KEY_PREFIX: Final = "__lbd_"
 """Prefix of the keys the log writes for itself; never a bundle id (those start with a tenant)."""
+
+MAX_BATCH_ENTRIES: Final = 4096
+"""Most entries one batch may carry (their positions' ``batch_index`` stays below it)."""
 
 
 def check_publishable_key(key: str) -> None:
@@ -32,6 +41,24 @@ def check_publishable_key(key: str) -> None:
             f"channel key {key!r} is reserved: keys starting with {RESERVED_KEY_PREFIX!r} "
             "belong to the channel itself"
         )
+
+
+def check_publishable_batch(entries: Sequence[tuple[str, bytes]]) -> None:
+    """Raise :class:`InvalidInputError` unless ``entries`` may be published as one batch."""
+    if not entries:
+        raise InvalidInputError("a channel batch needs at least one entry")
+    if len(entries) > MAX_BATCH_ENTRIES:
+        raise InvalidInputError(
+            f"a channel batch carries at most {MAX_BATCH_ENTRIES} entries, got {len(entries)}"
+        )
+    for key, _ in entries:
+        check_publishable_key(key)
+
+
+class ChannelFormatError(Exception):
+    """The log holds a message this version of lbd cannot read (a reserved key it does not
+    know, or a batch of a newer format): its writer is newer than this reader. A reader that
+    skipped it would diverge from the others, so following stops instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +83,16 @@ class ChannelLog(Protocol):
         Raises :class:`~lbd.ports.errors.UnavailableError` when the log cannot be reached; the
         message may or may not have been appended then (the resolver makes a repeat harmless).
         Raises :class:`~lbd.core.errors.InvalidInputError` for an empty or reserved key.
+        """
+        ...
+
+    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        """Append ``entries`` (key, value) as one message; each entry's position, in order, once
+        the log has persisted them all (see the module docstring).
+
+        All or none of them are appended. Raises as :meth:`publish` does, and
+        :class:`~lbd.core.errors.InvalidInputError` for no entries or more than
+        :data:`MAX_BATCH_ENTRIES`.
         """
         ...
 

@@ -145,6 +145,7 @@ class Sidecar:
                     table = await checkpoints.restore(self.ports.checkpoints)
                     step = "reading the state channel from Pulsar"
                     stack.push_async_callback(self.ports.channel.close)
+                    stack.push_async_callback(self.proposer.close)
                     await self._started(stack, self.follower, table)
                     progress = guard(
                         _extend_while_reading(self.follower, deadline, timeout_s),
@@ -255,6 +256,7 @@ def build_sidecar(
         apply_timeout_s=timings.settle_timeout_s,
         publish_timeout_s=timings.publish_timeout_s,
         metrics=metrics,
+        batch_max_values=config.channel_batch_max_values,
     )
     registry = BrokerRegistry(ports.metadata, clock)
     maintenance = MaintenanceView(ports.metadata, clock, me)

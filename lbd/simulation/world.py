@@ -301,6 +301,10 @@ class _GatedChannel:
         await self._gate.wait()
         return await self._inner.publish(key, value)
 
+    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        await self._gate.wait()
+        return await self._inner.publish_batch(entries)
+
     async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         async with contextlib.aclosing(self._inner.follow(after)) as messages:
             async for message in messages:
@@ -329,6 +333,12 @@ class _WatchedLog(MemoryLog):
         position = super().append(key, value)
         self._on_append(position, key, value)
         return position
+
+    def append_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        positions = super().append_batch(entries)
+        for position, (key, value) in zip(positions, entries, strict=True):
+            self._on_append(position, key, value)
+        return positions
 
 
 class _SimulatedHost:

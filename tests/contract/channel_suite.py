@@ -15,7 +15,7 @@ import pytest
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.table import ChannelPosition
-from lbd.ports.channel import RESERVED_KEY_PREFIX, ChannelLog, ChannelMessage
+from lbd.ports.channel import MAX_BATCH_ENTRIES, RESERVED_KEY_PREFIX, ChannelLog, ChannelMessage
 from lbd.ports.errors import UnavailableError
 
 ChannelFactory = Callable[[], ChannelLog]
@@ -108,6 +108,58 @@ class ChannelLogContract:
             later = await writer.publish("t/ns/later", b"7")
             (next_one,) = await take(follower, 1)
         assert next_one == ChannelMessage(later, "t/ns/later", b"7")
+
+    async def test_a_batch_is_read_entry_by_entry_at_positions_of_one_message(
+        self, new_channel: ChannelFactory
+    ) -> None:
+        writer, reader = new_channel(), new_channel()
+        before = await writer.publish("t/ns/before", b"0")
+        batch = [("t/ns/a", b"1"), ("t/ns/b", b""), ("t/ns/a", b"3")]
+        positions = await writer.publish_batch(batch)
+        after = await writer.publish("t/ns/after", b"4")
+
+        assert before < positions[0] < positions[1] < positions[2] < after
+        assert {(p.ledger_id, p.entry_id) for p in positions} == {
+            (positions[0].ledger_id, positions[0].entry_id)
+        }
+        assert [p.batch_index for p in positions] == [0, 1, 2]
+        everything = [("t/ns/before", b"0"), *batch, ("t/ns/after", b"4")]
+        async with contextlib.aclosing(reader.follow(None)) as follower:
+            got = await take(follower, 5)
+        assert entries(got) == everything
+        assert [m.position for m in got] == [before, *positions, after]
+        assert entries(await catch_up_all(reader, None)) == everything
+
+    async def test_follow_after_an_entry_of_a_batch_delivers_the_rest_of_it(
+        self, new_channel: ChannelFactory
+    ) -> None:
+        writer, reader = new_channel(), new_channel()
+        positions = await writer.publish_batch([(f"t/ns/b{i}", b"%d" % i) for i in range(4)])
+        later = await writer.publish("t/ns/later", b"x")
+
+        async with contextlib.aclosing(reader.follow(positions[1])) as follower:
+            got = await take(follower, 3)
+        assert [m.position for m in got] == [positions[2], positions[3], later]
+        caught = await catch_up_all(reader, positions[3])
+        assert caught == [ChannelMessage(later, "t/ns/later", b"x")]
+
+    @pytest.mark.parametrize(
+        ("batch", "error"),
+        [
+            ([], "at least one entry"),
+            ([("t/ns/a", b"1"), (f"{RESERVED_KEY_PREFIX}x", b"2")], "reserved"),
+            ([("t/ns/a", b"1"), ("", b"2")], "non-empty key"),
+            ([("t/ns/a", b"")] * (MAX_BATCH_ENTRIES + 1), f"at most {MAX_BATCH_ENTRIES}"),
+        ],
+        ids=["empty", "reserved-key", "empty-key", "too-many"],
+    )
+    async def test_a_batch_that_cannot_be_published_is_refused_whole(
+        self, new_channel: ChannelFactory, batch: list[tuple[str, bytes]], error: str
+    ) -> None:
+        channel = new_channel()
+        with pytest.raises(InvalidInputError, match=error):
+            await channel.publish_batch(batch)
+        assert await catch_up_all(channel, None) == []
 
     async def test_follow_after_the_last_position_waits_for_the_next(
         self, new_channel: ChannelFactory

@@ -11,11 +11,18 @@ import pulsar
 import pulsar.asyncio
 import pytest
 
-from lbd.adapters.pulsar_channel import PulsarChannelLog, _Cursor, _ReReadError
-from lbd.adapters.pulsar_client import PulsarConnection
+from lbd.adapters.pulsar_channel import (
+    BATCH_KEY,
+    PulsarChannelLog,
+    _Cursor,
+    _ReReadError,
+    decode_batch,
+    encode_batch,
+)
+from lbd.adapters.pulsar_client import PulsarConnection, start_id
 from lbd.core.table import ChannelPosition
 from lbd.devcluster import PulsarLiteServer
-from lbd.ports.channel import ChannelMessage
+from lbd.ports.channel import ChannelFormatError, ChannelMessage
 from lbd.ports.errors import UnavailableError
 from tests.contract.channel_suite import ChannelLogContract, take
 
@@ -213,6 +220,7 @@ class _FakeId:
 class _FakeMessage:
     position: ChannelPosition
     key: str = "t/ns/a"
+    value: bytes = b"v"
 
     def message_id(self) -> _FakeId:
         return _FakeId(self.position)
@@ -221,24 +229,71 @@ class _FakeMessage:
         return self.key
 
     def data(self) -> bytes:
-        return b"v"
+        return self.value
 
 
 def test_a_skipped_entry_is_re_read_once_then_accepted() -> None:
     cursor = _Cursor(ChannelPosition(0, 4))
-    assert cursor.admit(_FakeMessage(ChannelPosition(0, 3))) is None
-    assert cursor.admit(_FakeMessage(ChannelPosition(0, 4))) is None
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 3))) == []
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 4))) == []
     with pytest.raises(_ReReadError, match="skips entries after 0:4:-1"):
         cursor.admit(_FakeMessage(ChannelPosition(0, 6)))
     assert cursor.last == ChannelPosition(0, 4)
 
     # The fresh reader delivers 6 right after 4 again: the gap is real (a marker entry).
     admitted = cursor.admit(_FakeMessage(ChannelPosition(0, 6)))
-    assert admitted == ChannelMessage(ChannelPosition(0, 6), "t/ns/a", b"v")
+    assert admitted == [ChannelMessage(ChannelPosition(0, 6), "t/ns/a", b"v")]
     # A new ledger starts its entries again: no skip.
-    assert cursor.admit(_FakeMessage(ChannelPosition(1, 0))) is not None
-    assert cursor.admit(_FakeMessage(ChannelPosition(1, 1), key="__lbd_bootstrap__")) is None
+    assert cursor.admit(_FakeMessage(ChannelPosition(1, 0))) != []
+    assert cursor.admit(_FakeMessage(ChannelPosition(1, 1), key="__lbd_bootstrap__")) == []
     assert cursor.last == ChannelPosition(1, 1)
+
+
+def _batch(position: ChannelPosition, entries: list[tuple[str, bytes]]) -> _FakeMessage:
+    return _FakeMessage(position, key=BATCH_KEY, value=encode_batch(entries))
+
+
+def test_a_batch_is_delivered_entry_by_entry_and_only_past_the_last_delivered() -> None:
+    entries = [("t/ns/a", b"1"), ("t/ns/b", b""), ("t/ns/a", b"\x00" * 70_000)]
+    assert decode_batch(encode_batch(entries)) == entries
+    cursor = _Cursor(None)
+    got = cursor.admit(_batch(ChannelPosition(3, 0), entries))
+    assert got == [
+        ChannelMessage(ChannelPosition(3, 0, i), key, value)
+        for i, (key, value) in enumerate(entries)
+    ]
+    assert cursor.last == ChannelPosition(3, 0, 2)
+    # A reader started after entry 0 of the batch reads its message again: the rest is new.
+    resumed = _Cursor(ChannelPosition(3, 0, 0))
+    assert [m.position for m in resumed.admit(_batch(ChannelPosition(3, 0), entries))] == [
+        ChannelPosition(3, 0, 1),
+        ChannelPosition(3, 0, 2),
+    ]
+    assert resumed.admit(_batch(ChannelPosition(3, 0), entries)) == []
+    assert resumed.admit(_FakeMessage(ChannelPosition(3, 1))) != []
+
+
+def test_a_reader_after_an_entry_of_a_batch_reads_its_message_again() -> None:
+    start, inclusive = start_id(ChannelPosition(3, 7, 2))
+    assert (start.ledger_id(), start.entry_id(), start.batch_index(), inclusive) == (3, 7, -1, True)
+    start, inclusive = start_id(ChannelPosition(3, 7))
+    assert (start.ledger_id(), start.entry_id(), inclusive) == (3, 7, False)
+
+
+def test_a_malformed_batch_is_skipped_alike_by_every_reader() -> None:
+    good = encode_batch([("t/ns/a", b"1")])
+    for garbled in (good[:-3], good + b"\x00", b"\x01", b""):
+        cursor = _Cursor(None)
+        assert cursor.admit(_FakeMessage(ChannelPosition(0, 0), BATCH_KEY, garbled)) == []
+        assert cursor.last == ChannelPosition(0, 0)
+
+
+def test_a_message_this_version_cannot_read_stops_the_reader() -> None:
+    with pytest.raises(ChannelFormatError, match=r"'__lbd_future__'.*upgrade"):
+        _Cursor(None).admit(_FakeMessage(ChannelPosition(0, 0), key="__lbd_future__"))
+    newer = b"\x02" + encode_batch([("t/ns/a", b"1")])[1:]
+    with pytest.raises(ChannelFormatError, match=r"layout 2.*upgrade"):
+        _Cursor(None).admit(_FakeMessage(ChannelPosition(0, 0), BATCH_KEY, newer))
 
 
 def test_a_first_message_past_its_ledgers_start_is_re_read_once_then_accepted() -> None:
@@ -247,11 +302,11 @@ def test_a_first_message_past_its_ledgers_start_is_re_read_once_then_accepted() 
     with pytest.raises(_ReReadError, match="skips entries after the start of the log"):
         cursor.admit(_FakeMessage(ChannelPosition(0, 131)))
     assert cursor.last is None
-    assert cursor.admit(_FakeMessage(ChannelPosition(0, 131))) is not None
+    assert cursor.admit(_FakeMessage(ChannelPosition(0, 131))) != []
 
     # Into a new ledger: its first entry read should be 0 too.
     with pytest.raises(_ReReadError, match="skips entries after 0:131:-1"):
         cursor.admit(_FakeMessage(ChannelPosition(2, 5)))
     assert cursor.last == ChannelPosition(0, 131)
-    assert cursor.admit(_FakeMessage(ChannelPosition(2, 5))) is not None
-    assert cursor.admit(_FakeMessage(ChannelPosition(3, 0))) is not None
+    assert cursor.admit(_FakeMessage(ChannelPosition(2, 5))) != []
+    assert cursor.admit(_FakeMessage(ChannelPosition(3, 0))) != []

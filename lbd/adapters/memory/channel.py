@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from lbd.core.table import ChannelPosition
-from lbd.ports.channel import ChannelMessage, check_publishable_key
+from lbd.ports.channel import ChannelMessage, check_publishable_batch, check_publishable_key
 from lbd.ports.errors import UnavailableError
 
 
@@ -26,11 +26,13 @@ class _FollowerState:
 
 
 class MemoryLog:
-    """An ordered log in memory; positions are ``(ledger_id, 0, -1)``, ``(ledger_id, 1, -1)``..."""
+    """An ordered log in memory; positions are ``(ledger_id, 0, -1)``, ``(ledger_id, 1, -1)``...
+    and a batch's ``(ledger_id, n, 0)``, ``(ledger_id, n, 1)``..."""
 
     def __init__(self, ledger_id: int = 0) -> None:
         self._ledger_id = ledger_id
         self._messages: list[ChannelMessage] = []
+        self._entries = 0
         self._available = True
         self._publishes_hang = False
         self._changed = asyncio.Event()
@@ -81,10 +83,25 @@ class MemoryLog:
         """Append without the client-side checks (for the clients of this module)."""
         if not self._available:
             raise UnavailableError("the in-memory channel is down")
-        position = ChannelPosition(self._ledger_id, len(self._messages))
+        position = ChannelPosition(self._ledger_id, self._entries)
+        self._entries += 1
         self._messages.append(ChannelMessage(position, key, value))
         self._notify()
         return position
+
+    def append_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        """Append ``entries`` as one batch, without the client-side checks."""
+        if not self._available:
+            raise UnavailableError("the in-memory channel is down")
+        entry = self._entries
+        self._entries += 1
+        positions = [ChannelPosition(self._ledger_id, entry, i) for i in range(len(entries))]
+        self._messages.extend(
+            ChannelMessage(position, key, value)
+            for position, (key, value) in zip(positions, entries, strict=True)
+        )
+        self._notify()
+        return positions
 
     def index_after(self, after: ChannelPosition | None) -> int:
         """Index of the first message whose position is greater than ``after``."""
@@ -125,6 +142,16 @@ class MemoryChannelLog:
             await self._log._changed.wait()
         self._check_open()
         return self._log.append(key, value)
+
+    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        """Append ``entries`` as one batch; their positions (see the port)."""
+        check_publishable_batch(entries)
+        self._check_open()
+        await asyncio.sleep(0)
+        while self._log.publishes_hang:
+            await self._log._changed.wait()
+        self._check_open()
+        return self._log.append_batch(entries)
 
     async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after``, in order, until closed (see the port)."""

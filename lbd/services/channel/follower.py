@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 
 from lbd.core.ids import BundleId
@@ -73,7 +75,9 @@ class ChannelFollower:
         self._marked_subscribers: set[asyncio.Queue[ApplyResult | ReadBarrier]] = set()
         self._barriers_begun = 0
         self._waiters: dict[BundleId, list[tuple[Predicate, asyncio.Future[None]]]] = {}
-        self._position_waiters: list[tuple[ChannelPosition, asyncio.Future[None]]] = []
+        self._position_waiters: list[tuple[ChannelPosition, int, asyncio.Future[None]]] = []
+        """A heap of waiters by position: each applied message wakes only those it covers."""
+        self._waiter_numbers = itertools.count()
         self.stats = FollowerStats()
 
     @property
@@ -115,7 +119,7 @@ class ChannelFollower:
         for waiters in self._waiters.values():
             for _, future in waiters:
                 future.cancel()
-        for _, future in self._position_waiters:
+        for _, _, future in self._position_waiters:
             future.cancel()
         self._waiters.clear()
         self._position_waiters.clear()
@@ -183,19 +187,34 @@ class ChannelFollower:
                     del self._waiters[bundle]
         return self._table.get(bundle)
 
+    @contextlib.contextmanager
+    def watching(self, bundle: BundleId, observer: Predicate) -> Iterator[None]:
+        """Within the block, show ``observer`` every value of ``bundle`` as it is applied (its
+        answer is ignored): a waiter without a task of its own."""
+        entry = (observer, asyncio.get_running_loop().create_future())
+        self._waiters.setdefault(bundle, []).append(entry)
+        try:
+            yield
+        finally:
+            waiters = self._waiters.get(bundle)
+            if waiters is not None and entry in waiters:
+                waiters.remove(entry)
+                if not waiters:
+                    del self._waiters[bundle]
+
     async def wait_applied(self, position: ChannelPosition) -> None:
         """Return once the table covers ``position`` (read-your-writes after a publish)."""
         last = self._table.last_position
         if last is not None and last >= position:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (position, future)
-        self._position_waiters.append(entry)
+        # A waiter that leaves early stays in the heap until its position is applied (or the
+        # follower closes): dropping it now would cost a search of the heap.
+        heapq.heappush(self._position_waiters, (position, next(self._waiter_numbers), future))
         try:
             await future
         finally:
-            if entry in self._position_waiters:
-                self._position_waiters.remove(entry)
+            future.cancel()
 
     async def barrier(self) -> None:
         """Return once the table covers every message the channel held when this was called.
@@ -269,8 +288,10 @@ class ChannelFollower:
 
     def _wake_positions(self) -> None:
         last = self._table.last_position
+        waiters = self._position_waiters
         if last is None:
             return
-        for position, future in self._position_waiters:
-            if not future.done() and last >= position:
+        while waiters and waiters[0][0] <= last:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
                 future.set_result(None)

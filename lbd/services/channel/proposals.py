@@ -9,10 +9,8 @@ Deadlines run on the injected :class:`~lbd.ports.clock.Clock`, so tests drive th
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Mapping
 
 from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
@@ -20,33 +18,15 @@ from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
 from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
-from lbd.ports.clock import Clock, TimeoutScope
+from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
+from lbd.services.channel.batching import BatchingWriter
+from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
-from lbd.tasks import cancel_and_wait
 
 _log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 Predicate = Callable[[ServiceUnitStateData | None], bool]
-
-
-async def within(clock: Clock, seconds: float, awaitable: Awaitable[T], what: str) -> T:
-    """``awaitable``'s result if it completes within ``seconds`` of ``clock`` time.
-
-    Raises :class:`DeadlineError` saying ``what`` did not finish in time otherwise; the awaitable
-    is cancelled then (and when the caller is). It runs in the caller's task, under the clock's
-    timeout scope: no task of its own.
-    """
-    scope: TimeoutScope | None = None
-    try:
-        async with clock.timeout(seconds) as scope:
-            return await awaitable
-    except TimeoutError:
-        if scope is None or not scope.expired():
-            raise  # the awaitable's own
-        raise DeadlineError(f"{what} did not finish within {seconds:g}s") from None
 
 
 def _describe(value: ServiceUnitStateData | None) -> str:
@@ -68,17 +48,31 @@ class Proposer:
         apply_timeout_s: float,
         publish_timeout_s: float,
         metrics: Metrics,
+        batch_max_values: int = 1,
     ) -> None:
         """``apply_timeout_s`` bounds :meth:`propose_and_wait`'s wait for the follower to apply
         the proposal (the sidecar's ``assignment.settle_timeout_s``); a publish the channel does
         not take within ``publish_timeout_s`` fails with UnavailableError (it may still land
-        later: the resolver judges it then like any other)."""
-        self._channel = channel
+        later: the resolver judges it then like any other). Values proposed while a write is on
+        its way go out together, up to ``batch_max_values`` in one message
+        (:class:`~lbd.services.channel.batching.BatchingWriter`)."""
+        self._writer = BatchingWriter(
+            channel, clock, max_values=batch_max_values, send_timeout_s=publish_timeout_s
+        )
         self._apply_timeout_s = apply_timeout_s
         self._publish_timeout_s = publish_timeout_s
         self._metrics = metrics
         self._follower = follower
         self._clock = clock
+
+    @property
+    def writer(self) -> BatchingWriter:
+        """What the proposals are written with."""
+        return self._writer
+
+    async def close(self) -> None:
+        """Stop writing: proposals not yet persisted fail with UnavailableError. Idempotent."""
+        await self._writer.close()
 
     @property
     def follower(self) -> ChannelFollower:
@@ -156,7 +150,7 @@ class Proposer:
             position = await within(
                 self._clock,
                 self._publish_timeout_s,
-                self._channel.publish(bundle, encode_value(value)),
+                self._writer.publish(bundle, encode_value(value)),
                 f"publishing {_describe(value) if value is not None else 'a tombstone'}",
             )
         except DeadlineError as e:
@@ -202,9 +196,7 @@ class Proposer:
                 seen.append(True)
             return False
 
-        watcher = asyncio.ensure_future(self._follower.wait_for(bundle, ours))
-        try:
-            await asyncio.sleep(0)  # the watcher registers before anything is published
+        with self._follower.watching(bundle, ours):
             position = await self._publish(bundle, value)
             await within(
                 self._clock,
@@ -212,8 +204,6 @@ class Proposer:
                 self._follower.wait_applied(position),
                 f"applying the proposal {_describe(value)} for {bundle}",
             )
-        finally:
-            await cancel_and_wait(watcher)
         won = bool(seen)
         _log.debug(
             "proposal %s for %s %s; now %s",

@@ -81,7 +81,7 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.state import server_of
-from lbd.core.table import ChannelPosition, digest_step
+from lbd.core.table import ChannelPosition
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower
@@ -120,13 +120,11 @@ class _DigestFeed:
         # Subscribing and reading the table in one step: no change is missed or seen twice.
         changes = self._follower.changes()
         table = self._follower.table
-        digest = table.digest
-        self._history = DigestHistory(table.last_position, digest, limit=self._limit)
+        self._history = DigestHistory(table.last_position, table.digest, limit=self._limit)
         self._taken = self._follower.stats.accepted
         async with contextlib.aclosing(changes):
             async for change in changes:
-                digest = digest_step(digest, change.key, change.old, change.new)
-                self._history.record(change.position, digest)
+                self._history.record(change.position, change.digest)
                 self._taken += 1
 
     @property

@@ -39,8 +39,9 @@ from lbd.core.state import ServiceUnitStateData
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.metadata import RegistryEvent
+from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.channel.proposals import Predicate, Proposer, within
+from lbd.services.channel.proposals import Predicate, Proposer
 from lbd.services.cluster.maintenance import MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.leader.operations import OperationTracker

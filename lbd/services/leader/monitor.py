@@ -53,8 +53,9 @@ from lbd.core.table import StateTable
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
+from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.channel.proposals import Proposer, within
+from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
@@ -219,8 +220,11 @@ class OwnershipMonitor:
         table = self._follower.table
         self._forget_undated(table)
         if self._announced:
-            current = {(b, v.version_id) for b, v in table.items()}
-            self._announced = {k: t for k, t in self._announced.items() if k in current}
+            self._announced = {
+                (bundle, version): t
+                for (bundle, version), t in self._announced.items()
+                if (value := table.get(bundle)) is not None and value.version_id == version
+            }
         bundles = table.bundles()
         try:
             for n, bundle in enumerate(bundles, 1):

@@ -38,7 +38,7 @@ from lbd.core.broker import (
 from lbd.core.errors import DeadlineError, InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.ports.clock import Clock
-from lbd.services.channel.proposals import within
+from lbd.services.channel.deadlines import within
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -60,6 +60,9 @@ class SlowChannel:
 
     async def publish(self, key: str, value: bytes) -> ChannelPosition:
         return await self._inner.publish(key, value)
+
+    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
+        return await self._inner.publish_batch(entries)
 
     async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         async with contextlib.aclosing(self._inner.follow(after)) as messages:

@@ -10,8 +10,9 @@ from lbd.core.errors import DeadlineError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, decode_value
 from lbd.metrics import Metrics
+from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.channel.proposals import Proposer, within
+from lbd.services.channel.proposals import Proposer
 
 B = BundleId("public/default/0x00000000_0x40000000")
 A, X = BrokerId("a"), BrokerId("x")
