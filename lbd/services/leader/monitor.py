@@ -114,6 +114,8 @@ class _Sweep:
     """The writes started, with their fix and the value each was decided on."""
     window: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(WRITE_WINDOW))
     """Taken before a fix checks its value, given back when its write is done."""
+    full: set[BrokerId] = field(default_factory=set)
+    """Brokers the recovery budget admitted no more orphans to during this sweep."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,18 +177,22 @@ class OwnershipMonitor:
         self._waiting: set[BrokerId] = set()
         self._announced: dict[tuple[BundleId, int], float] = {}
         """Moves off gone brokers, by (bundle, version): when this leader first saw them."""
-        self._held_back = 0
+        self._held: dict[BundleId, ServiceUnitStateData] = {}
+        """Orphans the last sweeps held back for the recovery budget, with the value each was
+        held back on, in the order met: handed over as slots free up (:meth:`run_held`)."""
+        self._last_full_sweep: float | None = None
         """Orphans the last sweep left for the next because the recovery budget was spent."""
         self._written_at: dict[BundleId, tuple[float, BrokerId | None, int]] = {}
         """When this leader's own announcements were persisted, until it reads them back."""
 
     async def run_leading(self, term: int) -> None:
-        """The leader duty: a sweep every interval until cancelled. When the last sweep held
-        orphans back for the governor's recovery budget, the next comes as soon as half the
-        recovery slots in use then are free again, within a second at the latest."""
+        """The leader duty: a sweep every interval until cancelled. When sweeps held orphans
+        back for the governor's recovery budget, those go as soon as half the recovery slots in
+        use are free again (:meth:`run_held`), without a walk of the whole table; the whole
+        table is swept every interval all the same."""
         while True:
             interval = self._settings.interval_s
-            if self._held_back:
+            if self._held:
                 in_flight = self._governor.in_flight(MoveKind.RECOVERY)
                 with contextlib.suppress(DeadlineError):
                     await within(
@@ -195,28 +201,88 @@ class OwnershipMonitor:
                         self._governor.wait_in_flight_at_most(MoveKind.RECOVERY, in_flight // 2),
                         "recovery slots",
                     )
+                last = self._last_full_sweep
+                if last is not None and self._clock.monotonic() - last < interval:
+                    await self.run_held(term)
+                    continue
             else:
                 await self._clock.sleep(interval)
-            self._held_back = 0
             await self.run_once(term)
 
-    async def run_once(self, term: int) -> SweepReport:
-        """One sweep as the leader of ``term``; failures of single fixes are logged and counted."""
+    async def run_held(self, term: int) -> SweepReport:
+        """Hand over the orphans sweeps held back for the recovery budget, as far as the budget
+        lets, without walking the whole table.
+
+        Each is checked on its value now by the same rules as in a full sweep (:meth:`_check`);
+        one whose value changed since it was held back is left to the next full sweep, as is
+        every other bundle.
+        """
+        reason = self._cannot_sweep(term)
+        sweep = None if reason is not None else self._new_sweep(term)
+        if sweep is None or sweep.skipped is not None:
+            return SweepReport(skipped=reason if sweep is None else sweep.skipped)
+        held, self._held = self._held, {}
+        table = self._follower.table
+        try:
+            for n, (bundle, seen) in enumerate(held.items(), 1):
+                if n % SWEEP_SLICE == 0:
+                    await asyncio.sleep(0)  # as in a full sweep
+                value = table.get(bundle)
+                if value != seen or value is None:
+                    continue
+                if len(sweep.full) >= len(sweep.live):
+                    self._held[bundle] = value  # no broker has a slot left
+                    continue
+                if self._deposed(term):
+                    sweep.skipped = f"the channel shows a term above {term}"
+                    break
+                try:
+                    await self._check(bundle, value, sweep)
+                except LbdError as e:
+                    sweep.failed.append((bundle, str(e)))
+                    _log.warning("monitor: could not fix %s: %s", bundle, e)
+            await self._settle_writes(sweep)
+        finally:
+            for _, _, task in sweep.writes:
+                task.cancel()  # only left running when the sweep itself was cancelled
+        return SweepReport(
+            tuple(sweep.fixes),
+            tuple(sweep.failed),
+            dict(sweep.waiting),
+            dict(sweep.handing_over),
+            sweep.skipped,
+        )
+
+    def _cannot_sweep(self, term: int) -> str | None:
+        """Why no sweep of ``term`` may run now, if none may."""
         if self._deposed(term):
-            return SweepReport(skipped=f"the channel shows a term above {term}")
+            return f"the channel shows a term above {term}"
         if not self._follower.is_ready:
-            return SweepReport(skipped="the channel is not caught up yet")
-        live = self._registry.brokers()
-        mono = self._clock.monotonic()
-        sweep = _Sweep(
+            return "the channel is not caught up yet"
+        return None
+
+    def _new_sweep(self, term: int) -> _Sweep:
+        """A sweep of ``term`` starting now; it leaves orphans and stuck states alone in safe
+        mode (an unreachable registry says nothing about who is alive)."""
+        return _Sweep(
             term=term,
             now_ms=self._clock.now_ms(),
-            mono=mono,
-            live=live,
+            mono=self._clock.monotonic(),
+            live=self._registry.brokers(),
             skipped=None
             if self._registry.reachable
             else "safe mode: the broker registry cannot be reached",
         )
+
+    async def run_once(self, term: int) -> SweepReport:
+        """One sweep as the leader of ``term``; failures of single fixes are logged and counted."""
+        reason = self._cannot_sweep(term)
+        if reason is not None:
+            return SweepReport(skipped=reason)
+        sweep = self._new_sweep(term)
+        live = sweep.live
+        self._last_full_sweep = sweep.mono
+        self._held = {}  # the sweep finds again whatever is still held back
         table = self._follower.table
         self._forget_undated(table)
         if self._announced:
@@ -420,6 +486,11 @@ class OwnershipMonitor:
             selection = await self._choose(bundle, sweep, avoid=server)
             dst = selection.broker
             reason = f"{reason}; {selection.reason}"
+        if dst in sweep.full and not self._governor.holds(bundle):
+            # Its broker's budget was full when this sweep last asked: held back at once.
+            sweep.handing_over[bundle] = announced_s
+            self._held[bundle] = value
+            return None
         reason = f"{reason}; announced {announced_s:.0f}s ago (hand-over wait {wait_s:g}s)"
         # The recovery budget paces what lands on each broker at once.
         # A bundle whose move (a drain's, say) was under way keeps that move's slot, which the
@@ -431,7 +502,9 @@ class OwnershipMonitor:
             slot = self._governor.try_admit(Ticket(bundle, None, dst, MoveKind.RECOVERY))
             if slot is None:
                 sweep.handing_over[bundle] = announced_s
-                self._held_back += 1
+                if dst is not None:
+                    sweep.full.add(dst)
+                self._held[bundle] = value
                 return None
         assigned = await self._force(
             bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value

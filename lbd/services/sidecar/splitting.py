@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from lbd.core.broker import LoadReport
 from lbd.core.bundles import TopicLoad, parse_bundle_id, topic_hash
@@ -132,7 +132,7 @@ class SplitScheduler:
             bundle_counts=counts,
             max_bundles=limits,
             splitting=[b for b, v in table.items() if v.state is ServiceUnitState.Splitting],
-            topics={b: _topics(report, b) for b in owned},
+            topics=_OwnedTopics(report, owned),
         )
 
     async def _namespace_sizes(
@@ -163,6 +163,27 @@ class SplitScheduler:
                 await self.run_once()
             except LbdError as e:
                 _log.warning("split cycle failed: %s", e)
+
+
+class _OwnedTopics(Mapping[BundleId, list[TopicLoad]]):
+    """Each owned bundle's topics in the report, made when the decision asks for them: it does
+    only for a bundle about to split, and a report of thousands of bundles is not converted
+    whole every cycle."""
+
+    def __init__(self, report: LoadReport, owned: frozenset[BundleId]) -> None:
+        self._report = report
+        self._owned = owned
+
+    def __getitem__(self, bundle: BundleId) -> list[TopicLoad]:
+        if bundle not in self._owned:
+            raise KeyError(bundle)
+        return _topics(self._report, bundle)
+
+    def __iter__(self) -> Iterator[BundleId]:
+        return iter(self._owned)
+
+    def __len__(self) -> int:
+        return len(self._owned)
 
 
 def _topics(report: LoadReport, bundle: BundleId) -> list[TopicLoad]:

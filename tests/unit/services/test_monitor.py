@@ -222,6 +222,36 @@ async def test_orphans_held_back_by_the_recovery_budget_go_as_soon_as_a_slot_is_
                 await duty
 
 
+async def test_held_back_orphans_go_without_a_full_sweep_each_on_the_value_it_was_held_on() -> None:
+    one_at_a_time = dataclasses.replace(
+        QUIET.governor, recovery=Budget(per_broker=1, cluster=1, per_minute=0)
+    )
+    async with rig(one_at_a_time) as r:
+        await r.register(X, Y)
+        for bundle in (B1, B2, B3):
+            await r.write(bundle, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.sweep()
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        await r.sweep()
+        await r.clock.run_for(HANDOVER_S + 0.5)
+        report = await r.sweep()
+        assert [(f.bundle, f.state) for f in report.fixes] == [(B1, S.Assigning)]
+        assert set(report.handing_over) == {B2, B3}
+
+        # No slot free: nothing goes, and both stay held back.
+        assert (await r.monitor.run_held(TERM)).fixes == ()
+        # B2 moves on meanwhile (its old owner's sidecar released it); B1's slot frees up.
+        await r.write(B2, S.Free, dst=Y, src=X)
+        await r.write(B1, S.Owned, dst=Y, src=X)
+        report = await r.monitor.run_held(TERM)
+        last = r.writer.log.messages[-1].position
+        await r.follower.wait_applied(last)
+        # B2 was held back on another value: left to the next full sweep, which finds it Free.
+        assert [(f.bundle, f.state, f.dst) for f in report.fixes] == [(B3, S.Assigning, Y)]
+        assert r.follower.get(B2).state is S.Free
+
+
 async def test_an_announced_move_waits_for_the_sidecar_of_a_broker_that_came_back() -> None:
     async with rig() as r:
         await r.register(X, Y)
