@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import random
 import signal
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
 
 from prometheus_client import start_http_server
 
@@ -48,7 +46,7 @@ from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.history import HistoryRecorder
 from lbd.services.graph import SidecarPorts, build_sidecar
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import cancel_and_wait, guard, run_event_loop
 
 _log = logging.getLogger(__name__)
 
@@ -74,26 +72,7 @@ def serve(settings: Settings) -> int:
     """Run the sidecar until SIGTERM/SIGINT (exit 0), a vital part's death (exit 1) or the end of
     its metadata session under the ``shutdown`` policy (exit 3)."""
     daemon = Daemon(settings, broker_id_of(settings), advertised_addr(settings))
-    return _run(daemon.run())
-
-
-GC_YOUNG_THRESHOLD: Final = 20_000
-"""Allocations between two collections of the youngest generation (Python's default: 700).
-
-A sidecar allocates a handful of short-lived objects per channel message and per broker command.
-At the default, the busiest sidecar of a 10,000-orphan repair spent about 2 s of its 10 s in the
-cycle collector; at this threshold, 0.25 s (``python -m bench.recovery_bench --bundles 10000``).
-"""
-
-
-def _run(main: Coroutine[Any, Any, int]) -> int:
-    young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
-    try:
-        import uvloop
-    except ImportError:  # optional: the default loop is only slower
-        return asyncio.run(main)
-    return uvloop.run(main)
+    return run_event_loop(daemon.run())
 
 
 def broker_id_of(settings: Settings) -> BrokerId:

@@ -19,6 +19,7 @@ from lbd.cli.ctl import add_credential_flags, credentials_from
 from lbd.core.errors import InvalidInputError
 from lbd.sim.broker import SimBrokerConfig, run_sim_broker
 from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.tasks import run_event_loop
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_until_signalled(config, Workload(spec), args.events_file))
+    run_event_loop(_until_signalled(config, Workload(spec), args.events_file))
     return 0
 
 
