@@ -14,7 +14,7 @@ sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to 
 ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
 ``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``assign``
 (new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself), ``split``
-(one bundle split into 1,024 children, against the split's deadline), ``scale`` (100 brokers with
+(one bundle split into 5,000 children, against the split's deadline), ``scale`` (100 brokers with
 1k, 10k and 100k bundles, dev and default timings: lookups, memory, idle CPU, catch-up).
 
 The suites in ``FIGURE_SUITES`` also give figures, each set against a baseline: measured in the
@@ -47,7 +47,6 @@ from bench import (
     startup_bench,
 )
 from bench.report import Figure, figures_table, measurements_table
-from lbd.core.state import MAX_SPLIT_CHILDREN
 from lbd.sim.balance_suite import run_suite
 from lbd.sim.balance_suite import table as balance_table
 
@@ -140,7 +139,7 @@ def main() -> None:
         console.print(measurements_table("orphans owned again after kill -9", result))
         figures += recovery_bench.figures(result)
     if "split" in suites:
-        children = 200 if args.quick else MAX_SPLIT_CHILDREN
+        children = 200 if args.quick else split_bench.CHILDREN
         with console.status(f"split: one bundle into {children:,} children..."):
             result = split_bench.run(children=children)
         console.print(measurements_table("a split on a dev cluster", result))

@@ -21,11 +21,11 @@ it. (The call itself gives up after ``assignment.settle_timeout_s``.)
 
 Limits: ``split.max_bundles_per_namespace`` (128 by default) would refuse the split, so the
 cluster runs with it raised to ``N``; a split's children are capped by the core constant
-``lbd.core.state.MAX_SPLIT_CHILDREN`` (1,024, not a setting; the default here), over which the
-Split is refused with INVALID_ARGUMENT and the benchmark fails saying so. The ``Splitting``
-value names every child, and a channel value is at most 64 KiB: a split into 5,000 children
-needs a value that names them by their boundaries instead. ``--state-dir`` runs the cluster
-there and keeps its logs (one per sidecar and simulated broker) for inspection.
+``lbd.core.state.MAX_SPLIT_CHILDREN`` (8,192, not a setting), over which the Split is refused
+with INVALID_ARGUMENT and the benchmark fails saying so. The default here is :data:`CHILDREN`
+(5,000, the figure of the README). Beyond 64 children the ``Splitting`` value names them by
+the widths of their ranges, which keeps it within the channel's 64 KiB. ``--state-dir`` runs the
+cluster there and keeps its logs (one per sidecar and simulated broker) for inspection.
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ from bench.report import Figure, figures_table, measurements_table
 from lbd.config.schema import MonitorSettings
 from lbd.core.bundles import FULL_LOWER, FULL_UPPER, Bundle, BundleRange
 from lbd.core.names import NamespaceName
-from lbd.core.state import MAX_SPLIT_CHILDREN
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevCluster, DevClusterSpec, down, up
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.sim.workload import Workload, WorkloadSpec
 
 NAMESPACE = "bench/split"
+CHILDREN = 5_000
+"""Children of the split measured by default: the README's figure."""
 ALGORITHM = "specified_positions_divide"
 DEADLINE_SETTING = "monitor.inflight_timeout_s"
 DEADLINE = f"split deadline ({DEADLINE_SETTING}) s"
@@ -76,7 +77,7 @@ class Timeline:
     parent_deleted: float | None = None
 
 
-def run(*, children: int = MAX_SPLIT_CHILDREN, state_dir: Path | None = None) -> dict[str, float]:
+def run(*, children: int = CHILDREN, state_dir: Path | None = None) -> dict[str, float]:
     """Start a dev cluster, split one bundle into ``children``, stop it.
 
     ``state_dir``: where the cluster lives, kept afterwards (None: a temporary directory).
@@ -270,7 +271,7 @@ def figures(result: dict[str, float]) -> list[Figure]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.split_bench", description=__doc__)
-    parser.add_argument("--children", type=int, default=MAX_SPLIT_CHILDREN)
+    parser.add_argument("--children", type=int, default=CHILDREN)
     parser.add_argument(
         "--state-dir", type=Path, help="run the dev cluster there and keep its logs"
     )

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import enum
 import json
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from lbd.core.bundles import bundle_id, parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.names import NamespaceName
 
 
 class ServiceUnitState(enum.Enum):
@@ -137,7 +140,12 @@ INT64_MAX: Final = 2**63 - 1
 MAX_VALUE_BYTES: Final = 64 * 1024
 """A channel value larger than this is malformed (a real one is a few hundred bytes)."""
 MAX_BROKER_ID_CHARS: Final = 256
-MAX_SPLIT_CHILDREN: Final = 1024
+MAX_SPLIT_CHILDREN: Final = 8192
+"""Most children one split names. Up to :data:`LISTED_SPLIT_CHILDREN` the value lists them by
+id; beyond, by the widths of their ranges (:func:`to_json_object`), which keeps 8,192 children of
+a full range within :data:`MAX_VALUE_BYTES`."""
+LISTED_SPLIT_CHILDREN: Final = 64
+"""Up to this many children, a Splitting value lists each child's id (as Pulsar's does)."""
 
 
 def _check_count(name: str, value: object) -> None:
@@ -222,16 +230,49 @@ def server_of(data: ServiceUnitStateData | None) -> BrokerId | None:
 
 def to_json_object(data: ServiceUnitStateData) -> dict[str, object]:
     """``data`` as the JSON object of the channel: every field present, absent ones None."""
-    children = None if data.split_children is None else dict(data.split_children)
-    return {
+    children = data.split_children
+    obj: dict[str, object] = {
         "state": data.state.value,
         "dst_broker": data.dst_broker,
         "source_broker": data.source_broker,
-        "split_children": children,
+        "split_children": None if children is None else dict(children),
         "force": data.force,
         "timestamp_ms": data.timestamp_ms,
         "version_id": data.version_id,
         "leader_term": data.leader_term,
+    }
+    if children is not None and len(children) > LISTED_SPLIT_CHILDREN:
+        ranges = _as_ranges(children)
+        if ranges is not None:
+            obj["split_children"] = None
+            obj["split_ranges"] = ranges
+    return obj
+
+
+def _as_ranges(children: Mapping[BundleId, BrokerId | None]) -> dict[str, object] | None:
+    """The children as ``{"namespace", "lo", "widths", "broker", "brokers"}``: the namespace, the
+    lower bound of the first range, the width of each range in order (the next starts where one
+    ends), the broker of most children (or null), and the broker (or null) of each other child by
+    its index. None when the children are not adjacent ranges of one namespace (a split's always
+    are)."""
+    try:
+        bundles = sorted(parse_bundle_id(child) for child in children)
+    except InvalidInputError:
+        return None
+    namespace = bundles[0].namespace
+    widths = []
+    for i, bundle in enumerate(bundles):
+        if bundle.namespace != namespace or (i and bundle.range.lo != bundles[i - 1].range.hi):
+            return None
+        widths.append(bundle.range.hi - bundle.range.lo)
+    brokers = [children[bundle.id] for bundle in bundles]
+    usual = Counter(brokers).most_common(1)[0][0]
+    return {
+        "namespace": str(namespace),
+        "lo": bundles[0].range.lo,
+        "widths": widths,
+        "broker": usual,
+        "brokers": {str(i): broker for i, broker in enumerate(brokers) if broker != usual},
     }
 
 
@@ -260,7 +301,7 @@ def from_json_object(obj: object) -> ServiceUnitStateData:
         version_id=obj["version_id"],
         dst_broker=_read_broker("dst_broker", obj.get("dst_broker")),
         source_broker=_read_broker("source_broker", obj.get("source_broker")),
-        split_children=_read_children(obj.get("split_children")),
+        split_children=_read_children(obj.get("split_children"), obj.get("split_ranges")),
         force=False if force is None else force,
         timestamp_ms=0 if timestamp_ms is None else timestamp_ms,
         leader_term=obj.get("leader_term"),
@@ -327,7 +368,11 @@ def _read_broker(name: str, value: object) -> BrokerId | None:
     return BrokerId(value)
 
 
-def _read_children(value: object) -> dict[BundleId, BrokerId | None] | None:
+def _read_children(value: object, ranges: object = None) -> dict[BundleId, BrokerId | None] | None:
+    if ranges is not None:
+        if value is not None:
+            raise InvalidInputError("split_children and split_ranges are both set; set one")
+        return _read_ranges(ranges)
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -338,6 +383,41 @@ def _read_children(value: object) -> dict[BundleId, BrokerId | None] | None:
         BundleId(child): _read_broker(f"split_children[{child!r}]", broker)
         for child, broker in value.items()
     }
+
+
+def _read_ranges(value: object) -> dict[BundleId, BrokerId | None]:
+    """The children of a ``split_ranges`` object (see :func:`_as_ranges`)."""
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"split_ranges must be an object, got {_json_type(value)}")
+    namespace_text, lo, widths, brokers = (
+        value.get(k) for k in ("namespace", "lo", "widths", "brokers")
+    )
+    if not isinstance(namespace_text, str):
+        raise InvalidInputError("split_ranges.namespace must be a string")
+    namespace = NamespaceName.parse(namespace_text)
+    if not isinstance(widths, list) or not 2 <= len(widths) <= MAX_SPLIT_CHILDREN:
+        raise InvalidInputError(
+            f"split_ranges.widths must be an array of 2 to {MAX_SPLIT_CHILDREN} widths"
+        )
+    if not isinstance(brokers, dict):
+        raise InvalidInputError("split_ranges.brokers must be an object")
+    _check_count("split_ranges.lo", lo)
+    assert isinstance(lo, int)
+    ids: list[BundleId] = []
+    for i, width in enumerate(widths):
+        _check_count(f"split_ranges.widths[{i}]", width)
+        try:
+            ids.append(bundle_id(namespace, lo, lo + width))  # validates the range
+        except InvalidInputError as e:
+            raise InvalidInputError(f"split_ranges.widths[{i}]: {e}") from None
+        lo += width
+    usual = _read_broker("split_ranges.broker", value.get("broker"))
+    children: dict[BundleId, BrokerId | None] = dict.fromkeys(ids, usual)
+    for index, broker in brokers.items():
+        if not (isinstance(index, str) and index.isdigit() and int(index) < len(ids)):
+            raise InvalidInputError(f"split_ranges.brokers: no child {index!r}")
+        children[ids[int(index)]] = _read_broker(f"split_ranges.brokers[{index!r}]", broker)
+    return children
 
 
 # --- the resolver ---------------------------------------------------------------------------

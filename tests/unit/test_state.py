@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from itertools import product
+from itertools import pairwise, product
 
 import pytest
 
@@ -11,7 +11,10 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import (
     FIELDS,
+    LISTED_SPLIT_CHILDREN,
+    MAX_SPLIT_CHILDREN,
     MAX_TERM_JUMP,
+    MAX_VALUE_BYTES,
     ServiceUnitState,
     ServiceUnitStateData,
     decode_value,
@@ -686,6 +689,36 @@ BAD_VALUES = [
         b'"split_children": {"": "a"}}',
         "split_children: bad bundle id ''",
     ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", "split_children": {}, '
+        b'"split_ranges": {"namespace": "t/n", "lo": 0, "widths": [1, 1], "brokers": {}}}',
+        "split_children and split_ranges are both set",
+    ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", '
+        b'"split_ranges": {"namespace": "t/n", "lo": 0, "widths": [5], "brokers": {}}}',
+        "split_ranges.widths must be an array of 2 to 8192 widths",
+    ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", '
+        b'"split_ranges": {"namespace": "t/n", "lo": 0, "widths": [5, 0], "brokers": {}}}',
+        "split_ranges.widths[1]: bundle lower bound 0x00000005 must be below",
+    ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", '
+        b'"split_ranges": {"namespace": "t/n", "lo": 0, "widths": [5, 5], "brokers": {"2": "b"}}}',
+        "split_ranges.brokers: no child '2'",
+    ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", '
+        b'"split_ranges": {"namespace": "t/n", "lo": 0, "widths": [5, 5], "brokers": {"0": 7}}}',
+        "split_ranges.brokers['0'] must be a string",
+    ),
+    (
+        b'{"state": "Splitting", "version_id": 1, "source_broker": "a", '
+        b'"split_ranges": {"namespace": "t/n", "lo": -1, "widths": [5, 5], "brokers": {}}}',
+        "split_ranges.lo must be between 0",
+    ),
 ]
 
 
@@ -713,3 +746,49 @@ def test_nothing_but_a_reset_brings_a_deleted_bundle_back(to: S, step: int, forc
     assert not verdict.accepted
     assert verdict.rule is R.BAD_TRANSITION
     assert verdict.reason == f"Deleted -> {to.value} not allowed"
+
+
+def _children(count: int, lo: int = 0, hi: int = 0xFFFFFFFF) -> dict[BundleId, BrokerId | None]:
+    """``count`` adjacent children of ``lo``..``hi``, as a split names them: most to the source
+    broker A, a few to nobody yet, one elsewhere."""
+    step = (hi - lo) // count
+    bounds = [lo + step * i for i in range(count)] + [hi]
+
+    def broker(i: int) -> BrokerId | None:
+        return B if i == 1 else None if i % 500 == 0 else A
+
+    return {
+        BundleId(f"tenant/ns/0x{a:08x}_0x{b:08x}"): broker(i)
+        for i, (a, b) in enumerate(pairwise(bounds))
+    }
+
+
+@pytest.mark.parametrize("count", [2, 64, 65, 5_000, MAX_SPLIT_CHILDREN])
+def test_a_split_names_its_children_compactly_beyond_a_few_and_reads_back_the_same(
+    count: int,
+) -> None:
+    children = _children(count, lo=0x10000000, hi=0xF0000000)
+    value = ServiceUnitStateData(
+        state=S.Splitting, version_id=3, source_broker=A, split_children=children
+    )
+    raw = encode_value(value)
+    obj = json.loads(raw)
+    listed = count <= LISTED_SPLIT_CHILDREN
+    assert (obj["split_children"] is not None) is listed
+    assert ("split_ranges" in obj) is not listed
+    assert len(raw) <= MAX_VALUE_BYTES
+    decoded = decode_value(raw)
+    assert decoded == value
+    assert decoded is not None and dict(decoded.split_children or {}) == children
+
+
+def test_children_that_are_not_adjacent_ranges_are_listed() -> None:
+    children = _children(200)
+    del children[next(iter(children))]
+    children[BundleId("other/ns/0x00000000_0x00000010")] = None
+    value = ServiceUnitStateData(
+        state=S.Splitting, version_id=1, source_broker=A, split_children=children
+    )
+    obj = json.loads(encode_value(value))
+    assert "split_ranges" not in obj and len(obj["split_children"]) == 200
+    assert decode_value(encode_value(value)) == value

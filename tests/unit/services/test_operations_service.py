@@ -14,7 +14,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
-from lbd.core.state import ServiceUnitState
+from lbd.core.state import MAX_SPLIT_CHILDREN, ServiceUnitState
 from lbd.core.tuning import MonitorConfig
 
 S = ServiceUnitState
@@ -289,21 +289,21 @@ async def test_a_split_the_leader_rolled_back_says_so() -> None:
         assert a.metrics.split_total.labels(result="Failure", reason="Admin")._value.get() == 1
 
 
-async def test_a_split_whose_value_would_not_fit_the_channel_is_refused_before_publishing() -> None:
-    # 1,000 children of a namespace with a long name: the Splitting value listing them would
-    # be larger than any reader accepts. Published, every follower would skip it as malformed
-    # and the caller would be told to try again; it is refused instead, and nothing changes.
+async def test_a_split_into_more_children_than_a_value_names_is_refused_before_publishing() -> None:
+    # More children than a Splitting value may name: refused before anything is written, and
+    # nothing changes (published, every follower would skip it as malformed).
     async with Harness() as h:
         (a,) = await h.start(1)
-        ns = NamespaceName.parse("bench/" + "n" * 180)
-        record = await a.namespaces.create(ns, 1, NamespacePolicies(max_bundles=2_000))
+        ns = NamespaceName.parse("bench/wide")
+        record = await a.namespaces.create(ns, 1, NamespacePolicies(max_bundles=20_000))
         (parent,) = (b.id for b in record.bundles().bundles())
         await owned_by(h, parent, "broker-0")
         before = snapshot(h)
-        step = 0xFFFFFFFF // 1_000
-        with pytest.raises(InvalidInputError, match=r"1000 split children.*bytes, more than"):
+        children = MAX_SPLIT_CHILDREN + 1
+        step = 0xFFFFFFFF // children
+        with pytest.raises(InvalidInputError, match=f"{children} children, at most"):
             await a.operations.split(
-                parent, "specified_positions_divide", [step * i for i in range(1, 1_000)]
+                parent, "specified_positions_divide", [step * i for i in range(1, children)]
             )
         await h.idle()
         assert snapshot(h) == before
