@@ -69,8 +69,10 @@ _S = ServiceUnitState
 SWEEP_SLICE = 1_000
 """A sweep lets the event loop run after each slice of this many bundles: a sweep of 100k
 bundles is a few hundred milliseconds of checks, which would otherwise hold up every lookup."""
-WRITE_WINDOW = 512
-"""Channel writes one sweep has in flight at once."""
+WRITE_WINDOW = 4096
+"""Channel writes one sweep has in flight at once. The channel writer sends them in batches, so
+a write in flight costs a queued entry, not a message: announcing 10,000 orphans took 1.6 s of
+walking the table with 512, 0.9 s with 4,096."""
 
 
 @dataclass(frozen=True, slots=True)
