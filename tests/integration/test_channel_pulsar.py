@@ -20,15 +20,19 @@ from lbd.adapters.pulsar_channel import (
     encode_batch,
 )
 from lbd.adapters.pulsar_client import PulsarConnection, start_id
+from lbd.core.ids import BrokerId, BundleId
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
 from lbd.devcluster import PulsarLiteServer
 from lbd.ports.channel import ChannelFormatError, ChannelMessage
 from lbd.ports.errors import UnavailableError
+from lbd.services.channel.follower import ChannelFollower
 from tests.contract.channel_suite import ChannelLogContract, take
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
 
 OPERATION_TIMEOUT_S = 5.0
+OWNED = ServiceUnitStateData(state=ServiceUnitState.Owned, version_id=1, dst_broker=BrokerId("a"))
 
 ChannelMaker = Callable[..., PulsarChannelLog]
 
@@ -89,13 +93,16 @@ async def _follow_into(channel: PulsarChannelLog, delivered: list[ChannelMessage
 
 
 @pytest.mark.parametrize(
-    ("send_timeout_s", "outage_s"),
+    ("send_timeout_s", "outage_s", "batch"),
     [
         # Outages of seconds: the client's reconnect backoff has grown by then, so producers are
         # back before old readers resubscribe (pulsar-lite's reconnected readers skip what was
         # published in between; the channel must not).
-        pytest.param(8.0, 2.0, id="sends-outlive-the-outage"),
-        pytest.param(1.0, 2.0, id="sends-fail-during-the-outage"),
+        pytest.param(8.0, 2.0, 1, id="sends-outlive-the-outage"),
+        pytest.param(1.0, 2.0, 1, id="sends-fail-during-the-outage"),
+        # Batches: whole or not at all, and never split by a reader's resume.
+        pytest.param(8.0, 2.0, 3, id="batches-outlive-the-outage"),
+        pytest.param(1.0, 2.0, 3, id="batches-fail-during-the-outage"),
     ],
 )
 async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
@@ -104,6 +111,7 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
     pulsar_channels: ChannelMaker,
     send_timeout_s: float,
     outage_s: float,
+    batch: int,
 ) -> None:
     server = private_pulsar_server
     publisher = pulsar_channels(server, pulsar_topic, operation_timeout_s=send_timeout_s)
@@ -113,19 +121,26 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
     total = 300
     milestones = {100: asyncio.Event(), 150: asyncio.Event()}
 
+    async def publish(i: int) -> list[ChannelMessage]:
+        entries = [(f"t/ns/b{(i + j) % 7}", f"m-{i}-{j}".encode()) for j in range(batch)]
+        if batch == 1:
+            positions = [await publisher.publish(*entries[0])]
+        else:
+            positions = await publisher.publish_batch(entries)
+        return [ChannelMessage(p, k, v) for p, (k, v) in zip(positions, entries, strict=True)]
+
     async def publish_stream() -> None:
         nonlocal failed
         for i in range(total):
-            key, value = f"t/ns/b{i % 7}", f"m-{i}".encode()
             try:
-                position = await publisher.publish(key, value)
+                acknowledged.extend(await publish(i))
             except UnavailableError:
                 failed += 1
                 await asyncio.sleep(0.05)
                 continue
-            acknowledged.append(ChannelMessage(position, key, value))
-            if len(acknowledged) in milestones:
-                milestones[len(acknowledged)].set()
+            for count, reached in milestones.items():
+                if len(acknowledged) >= count * batch:
+                    reached.set()
             await asyncio.sleep(0.002)
 
     # Let followers run ahead of the crash: they are live, not catching up, when it hits.
@@ -138,7 +153,7 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
     await milestones[150].wait()
 
     server.kill()
-    acknowledged_before_crash = len(acknowledged)
+    acknowledged_before_crash = len(acknowledged) // batch
     await asyncio.sleep(outage_s)
     await asyncio.to_thread(server.restart)
     await asyncio.wait_for(streams, 50)
@@ -153,7 +168,7 @@ async def test_followers_deliver_every_acknowledged_publish_once_across_a_crash(
     await asyncio.gather(*following, return_exceptions=True)
 
     assert acknowledged_before_crash < total - 50, "the crash came after the publish stream"
-    assert len(acknowledged) == total - failed
+    assert len(acknowledged) == (total - failed) * batch
     if send_timeout_s < outage_s:
         assert failed > 0, "no publish failed during the outage"
     for delivered in live:
@@ -230,6 +245,36 @@ class _FakeMessage:
 
     def data(self) -> bytes:
         return self.value
+
+
+async def test_a_follower_stops_at_a_message_of_a_newer_format_and_its_owner_hears_why(
+    pulsar_client: pulsar.asyncio.Client,
+    pulsar_server: PulsarLiteServer,
+    pulsar_topic: str,
+    pulsar_channels: ChannelMaker,
+) -> None:
+    # A newer writer's message this version cannot read: skipping it would let this sidecar's
+    # table diverge, so its follower dies, and the daemon (its on_death) stops saying why.
+    channel = pulsar_channels(pulsar_server, pulsar_topic)
+    await channel.publish("t/ns/a", encode_value(OWNED))
+    producer = await pulsar_client.create_producer(pulsar_topic, batching_enabled=False)
+    await producer.send(b"?", partition_key="__lbd_future__")
+    await producer.close()
+    deaths: list[tuple[str, BaseException]] = []
+    follower = ChannelFollower(channel, on_death=lambda name, e: deaths.append((name, e)))
+    await follower.start()
+    try:
+        for _ in range(200):
+            if deaths:
+                break
+            await asyncio.sleep(0.05)
+        ((_, error),) = deaths
+        assert isinstance(error, ChannelFormatError)
+        assert "'__lbd_future__'" in str(error) and "upgrade" in str(error)
+        assert follower.get(BundleId("t/ns/a")) == OWNED  # what came before was applied
+        assert not follower.is_ready
+    finally:
+        await follower.close()
 
 
 def test_a_skipped_entry_is_re_read_once_then_accepted() -> None:
