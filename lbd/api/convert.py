@@ -222,11 +222,19 @@ def broker_message_from_proto(msg: lbd_pb2.BrokerMessage) -> BrokerMessage:
     """One message of the broker's stream; InvalidInputError when it carries nothing."""
     kind = msg.WhichOneof("kind")
     if kind == "hello":
-        return Hello(broker_info_from_proto(msg.hello))
+        return Hello(
+            broker_info_from_proto(msg.hello), takes_own_batches=msg.hello.takes_own_batches
+        )
     if kind == "load":
         return load_report_from_proto(msg.load)
     if kind == "ack":
-        return CommandAck(command_id=msg.ack.command_id, ok=msg.ack.ok, error=msg.ack.error)
+        ack = msg.ack
+        failed = {
+            bundle_id(f.bundle, "ack.failed.bundle"): f.error or "not taken" for f in ack.failed
+        }
+        if failed and ack.ok:
+            raise InvalidInputError("ack: ok is true but failed names bundles not taken")
+        return CommandAck(command_id=ack.command_id, ok=ack.ok, error=ack.error, failed=failed)
     if kind == "lease_request":
         return LeaseRequest(msg.lease_request.sequence, msg.lease_request.lapses)
     raise InvalidInputError("a BrokerMessage must set one of hello, load, ack or lease_request")
@@ -238,6 +246,7 @@ def sidecar_message_to_proto(msg: SidecarMessage) -> lbd_pb2.SidecarMessage:
     command = msg.command
     if isinstance(command, OwnCommand):
         out.own.bundle = command.bundle
+        out.own.more_bundles.extend(command.more)
     elif isinstance(command, ServingLease):
         out.lease.sequence = command.sequence
         out.lease.duration_ms = command.duration_ms

@@ -228,7 +228,10 @@ class BrokerClient:
     async def _session(self, stub: lbd_pb2_grpc.LoadBalancerStub) -> bool:
         """One session, until it ends; True when it was opened at all."""
         outbox: Outbox = asyncio.Queue()
-        outbox.put_nowait(lbd_pb2.BrokerMessage(hello=self._info))
+        hello = lbd_pb2.BrokerInfo()
+        hello.CopyFrom(self._info)
+        hello.takes_own_batches = True  # _apply carries out every bundle of an Own
+        outbox.put_nowait(lbd_pb2.BrokerMessage(hello=hello))
         call = stub.BrokerSession(_drain(outbox), metadata=self._credentials.metadata())
         tasks: list[asyncio.Task[None]] = []
         opened = False
@@ -357,19 +360,60 @@ class BrokerClient:
         if kind not in ("own", "release", "close"):
             ack.ok, ack.error = False, f"not a command: {kind or 'empty'}"
             return ack
+        if kind == "own" and command.own.more_bundles:
+            return await self._apply_own_batch(command, ack)
         try:
             bundle = parse_bundle_id(getattr(command, kind).bundle).id
         except InvalidInputError as e:
             ack.ok, ack.error = False, str(e)
             return ack
+        error: str | None
+        if kind == "own":
+            error = await self._own_one(bundle)
+        else:
+            try:
+                self._owned.discard(bundle)
+                error = await self._carry_out(command, kind, bundle)
+            except Exception as e:
+                _log.exception("%s %s failed", kind, bundle)
+                error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            ack.ok, ack.error = False, error
+        _log.info("%s %s: %s (owning %d bundles)", kind, bundle, error or "done", len(self._owned))
+        return ack
+
+    async def _apply_own_batch(
+        self, command: lbd_pb2.SidecarMessage, ack: lbd_pb2.CommandAck
+    ) -> lbd_pb2.CommandAck:
+        """Carry out an Own of several bundles, each as an Own of its own, in order; the ack
+        names each bundle not taken."""
+        own = command.own
+        for text in (own.bundle, *own.more_bundles):
+            try:
+                bundle = parse_bundle_id(text).id
+            except InvalidInputError as e:
+                ack.failed.add(bundle=text, error=str(e))
+                continue
+            error = await self._own_one(bundle)
+            if error is not None:
+                ack.failed.add(bundle=bundle, error=error)
+        if ack.failed:
+            ack.ok, ack.error = False, f"{len(ack.failed)} of the bundles not taken"
+        _log.info(
+            "own %d bundles: %d taken (owning %d bundles)",
+            len(own.more_bundles) + 1,
+            len(own.more_bundles) + 1 - len(ack.failed),
+            len(self._owned),
+        )
+        return ack
+
+    async def _own_one(self, bundle: BundleId) -> str | None:
+        """Take one bundle (of an Own, or of an Own batch): the error, if any."""
         lease = self._lease
         lapses = lease.lapses if lease is not None else 0
-        error: str | None
         try:
-            if kind != "own":
-                self._owned.discard(bundle)
-            error = await self._carry_out(command, kind, bundle)
-            if kind == "own" and error is None:
+            error = await self._handler.own(bundle)
+            if error is None:
                 if lease is not None and lease.lapses != lapses:
                     # The lease ran out while the broker was taking the bundle: stop_all came
                     # first, so this one is dropped as well (the sidecar drops it too when it
@@ -378,18 +422,13 @@ class BrokerClient:
                 else:
                     self._owned.add(bundle)
         except Exception as e:
-            _log.exception("%s %s failed", kind, bundle)
-            error = f"{type(e).__name__}: {e}"
-        if error is not None:
-            ack.ok, ack.error = False, error
-        _log.info("%s %s: %s (owning %d bundles)", kind, bundle, error or "done", len(self._owned))
-        return ack
+            _log.exception("own %s failed", bundle)
+            return f"{type(e).__name__}: {e}"
+        return error
 
     async def _carry_out(
         self, command: lbd_pb2.SidecarMessage, kind: str, bundle: BundleId
     ) -> str | None:
-        if kind == "own":
-            return await self._handler.own(bundle)
         if kind == "release":
             return await self._handler.release(bundle, _new_owner(command.release))
         return await self._handler.close(bundle, command.close.reason)

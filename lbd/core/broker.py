@@ -104,9 +104,11 @@ class BrokerInfo:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """The first message of a broker's session: who the broker is."""
+    """The first message of a broker's session: who the broker is, and whether it takes an
+    :class:`OwnCommand` of several bundles."""
 
     info: BrokerInfo
+    takes_own_batches: bool = False
 
 
 class LazyTopics(Mapping[BundleId, tuple[TopicLoad, ...]]):
@@ -172,18 +174,37 @@ class LoadReport:
 
 @dataclass(frozen=True, slots=True)
 class CommandAck:
-    """A broker's answer to the command ``command_id``: done (``ok``) or not, and why not."""
+    """A broker's answer to the command ``command_id``: done (``ok``) or not, and why not.
+
+    For an Own of several bundles, ``failed`` names each bundle not taken, with why; every other
+    bundle of it was taken."""
 
     command_id: int
     ok: bool = True
     error: str = ""
+    failed: Mapping[BundleId, str] = field(default_factory=dict)
+
+    def of(self, bundle: BundleId) -> CommandAck:
+        """This answer as it concerns ``bundle`` alone (of an Own of several bundles)."""
+        if bundle in self.failed:
+            return CommandAck(self.command_id, ok=False, error=self.failed[bundle])
+        if self.failed:  # the others were taken
+            return CommandAck(self.command_id)
+        return self
 
 
 @dataclass(frozen=True, slots=True)
 class OwnCommand:
-    """Start serving ``bundle``."""
+    """Start serving ``bundle``, then each of ``more`` in order (an Own batch, only to a broker
+    that said it takes them)."""
 
     bundle: BundleId
+    more: tuple[BundleId, ...] = ()
+
+    @property
+    def bundles(self) -> tuple[BundleId, ...]:
+        """Every bundle to serve, in order."""
+        return (self.bundle, *self.more)
 
 
 @dataclass(frozen=True, slots=True)

@@ -460,7 +460,7 @@ class SimulatedBroker:
         """Open a session (``gate``: its sidecar's, closed while that is paused)."""
         self._gate = gate
         self._outgoing = asyncio.Queue()
-        self._outgoing.put_nowait(Hello(self.info))
+        self._outgoing.put_nowait(Hello(self.info, takes_own_batches=True))
         self.lease = BrokerLease()
         self._tasks = [
             asyncio.create_task(self._run(session), name=f"sim-broker-{self.id}"),
@@ -526,9 +526,10 @@ class SimulatedBroker:
                 if not was_valid:  # serving again: what it serves must still be its own
                     self._world.check_broker(self)
                 return
-            case OwnCommand(bundle=bundle):
-                self.serving.add(bundle)
-                self._world.starts_serving(self, bundle)
+            case OwnCommand():
+                for bundle in command.bundles:
+                    self.serving.add(bundle)
+                    self._world.starts_serving(self, bundle)
             case ReleaseCommand(bundle=bundle) | CloseCommand(bundle=bundle):
                 self.serving.discard(bundle)
         self._outgoing.put_nowait(CommandAck(message.command_id, ok=True))

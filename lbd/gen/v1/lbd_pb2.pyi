@@ -60,7 +60,7 @@ OPERATION_STATE_FAILED: OperationState
 OPERATION_STATE_CANCELLED: OperationState
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "service_url", "service_url_tls", "web_service_url", "version", "start_time_ms", "sidecar_grpc_addr")
+    __slots__ = ("broker_id", "service_url", "service_url_tls", "web_service_url", "version", "start_time_ms", "sidecar_grpc_addr", "takes_own_batches")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_URL_TLS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class BrokerInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_GRPC_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TAKES_OWN_BATCHES_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     service_url: str
     service_url_tls: str
@@ -75,7 +76,8 @@ class BrokerInfo(_message.Message):
     version: str
     start_time_ms: int
     sidecar_grpc_addr: str
-    def __init__(self, broker_id: _Optional[str] = ..., service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ..., version: _Optional[str] = ..., start_time_ms: _Optional[int] = ..., sidecar_grpc_addr: _Optional[str] = ...) -> None: ...
+    takes_own_batches: bool
+    def __init__(self, broker_id: _Optional[str] = ..., service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ..., version: _Optional[str] = ..., start_time_ms: _Optional[int] = ..., sidecar_grpc_addr: _Optional[str] = ..., takes_own_batches: _Optional[bool] = ...) -> None: ...
 
 class OwnerUrls(_message.Message):
     __slots__ = ("service_url", "service_url_tls", "web_service_url")
@@ -192,14 +194,24 @@ class LoadReport(_message.Message):
     def __init__(self, cpu: _Optional[_Union[ResourceUsage, _Mapping]] = ..., memory: _Optional[_Union[ResourceUsage, _Mapping]] = ..., direct_memory: _Optional[_Union[ResourceUsage, _Mapping]] = ..., bandwidth_in: _Optional[_Union[ResourceUsage, _Mapping]] = ..., bandwidth_out: _Optional[_Union[ResourceUsage, _Mapping]] = ..., bundles: _Optional[_Iterable[_Union[BundleStats, _Mapping]]] = ...) -> None: ...
 
 class CommandAck(_message.Message):
-    __slots__ = ("command_id", "ok", "error")
+    __slots__ = ("command_id", "ok", "error", "failed")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     ok: bool
     error: str
-    def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    failed: _containers.RepeatedCompositeFieldContainer[BundleError]
+    def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[BundleError, _Mapping]]] = ...) -> None: ...
+
+class BundleError(_message.Message):
+    __slots__ = ("bundle", "error")
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    bundle: str
+    error: str
+    def __init__(self, bundle: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("sequence", "lapses")
@@ -222,10 +234,12 @@ class BrokerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[BrokerInfo, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., lease_request: _Optional[_Union[LeaseRequest, _Mapping]] = ...) -> None: ...
 
 class OwnCommand(_message.Message):
-    __slots__ = ("bundle",)
+    __slots__ = ("bundle", "more_bundles")
     BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    MORE_BUNDLES_FIELD_NUMBER: _ClassVar[int]
     bundle: str
-    def __init__(self, bundle: _Optional[str] = ...) -> None: ...
+    more_bundles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, bundle: _Optional[str] = ..., more_bundles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReleaseCommand(_message.Message):
     __slots__ = ("bundle", "new_owner_broker_id", "new_owner")

@@ -70,11 +70,28 @@ then queued behind at most this many commands, so a burst of thousands (a split'
 recovery) cannot delay the broker's lease renewal until its lease runs out."""
 
 
+OWN_BATCH_MAX: Final = 256
+"""Most bundles one Own command carries, to a broker that takes Own batches."""
+
+
+@dataclass(eq=False)
+class _OwnBatch:
+    """Owns asked for in one turn of the event loop, sent as one command."""
+
+    bundles: list[BundleId]
+    acked: asyncio.Future[CommandAck]
+
+
 @dataclass(eq=False)
 class _Session:
     """One broker session: its outbox and the commands awaiting an ack."""
 
     info: BrokerInfo
+    takes_own_batches: bool = False
+    """The broker said in its Hello that it carries out an Own of several bundles."""
+    open_batch: _OwnBatch | None = None
+    """The Own batch still taking bundles (it is sent at the next turn of the event loop)."""
+    batches: set[asyncio.Task[None]] = field(default_factory=set)
     outbox: asyncio.Queue[SidecarMessage | None] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[CommandAck]] = field(default_factory=dict)
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(COMMANDS_IN_FLIGHT))
@@ -186,7 +203,7 @@ class BrokerLink:
         if bundle in self._served:
             return True
         lapses, session = self._lapses_seen, self._session
-        ack = await self._command(OwnCommand(bundle), self._own_ack_timeout_s)
+        ack = await self._own_ack(bundle, session)
         if ack is None:
             return False  # nobody to send it to
         if session is not None and self._session is not session:
@@ -207,6 +224,41 @@ class BrokerLink:
             return False
         self._served.add(bundle)
         return True
+
+    async def _own_ack(self, bundle: BundleId, session: _Session | None) -> CommandAck | None:
+        """The broker's answer to an Own of ``bundle``: alone, or in a batch with the Owns
+        asked for in the same turn of the event loop when the broker takes Own batches (a
+        recovery or a split hands it hundreds at once). The answer is the batch's, as it
+        concerns this bundle; everything :meth:`own` decides on it is decided per bundle."""
+        if session is None or not session.takes_own_batches:
+            return await self._command(OwnCommand(bundle), self._own_ack_timeout_s)
+        batch = session.open_batch
+        if batch is None or len(batch.bundles) >= OWN_BATCH_MAX:
+            batch = _OwnBatch([], asyncio.get_running_loop().create_future())
+            session.open_batch = batch
+            # Started at the next turn of the loop: the Owns asked for in this one join it.
+            sending = asyncio.ensure_future(self._send_own_batch(session, batch))
+            session.batches.add(sending)
+            sending.add_done_callback(session.batches.discard)
+        batch.bundles.append(bundle)
+        # Shielded: one caller that gives up does not withdraw the batch from the others.
+        ack = await asyncio.shield(batch.acked)
+        return ack.of(bundle)
+
+    async def _send_own_batch(self, session: _Session, batch: _OwnBatch) -> None:
+        try:
+            if session.open_batch is batch:
+                session.open_batch = None
+            if self._session is not session:
+                ack: CommandAck | None = CommandAck(0, ok=False, error="the broker session ended")
+            else:
+                first, *more = batch.bundles
+                ack = await self._command(OwnCommand(first, tuple(more)), self._own_ack_timeout_s)
+            if not batch.acked.done():
+                batch.acked.set_result(ack or CommandAck(0, ok=False, error="not sent"))
+        finally:
+            if not batch.acked.done():  # cancelled: the session is over
+                batch.acked.set_result(CommandAck(0, ok=False, error="the broker session ended"))
 
     async def release(self, bundle: BundleId, new_owner: BrokerInfo | None) -> bool:
         """Tell the broker to release ``bundle`` to ``new_owner`` (None: plain unload).
@@ -349,7 +401,7 @@ class BrokerLink:
             raise InvalidInputError(
                 f"broker {first.info.broker_id!r} said Hello to the sidecar of broker {self._me!r}"
             )
-        session = _Session(first.info)
+        session = _Session(first.info, takes_own_batches=first.takes_own_batches)
         self.last_heard = self._clock.monotonic()
         previous, self._session = self._session, session
         if previous is not None:
@@ -369,6 +421,8 @@ class BrokerLink:
         finally:
             session.end()
             await cancel_and_wait(reader)
+            for sending in list(session.batches):
+                await cancel_and_wait(sending)
             if self._session is session:
                 self._session = None
                 self._served.clear()

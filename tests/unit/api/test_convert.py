@@ -146,6 +146,27 @@ def test_commands_convert_to_proto() -> None:
     assert close.close.reason == "split"
 
 
+def test_an_own_batch_and_its_ack_convert_both_ways() -> None:
+    other = BundleId("public/default/0x40000000_0x80000000")
+    batch = convert.sidecar_message_to_proto(SidecarMessage(5, OwnCommand(BUNDLE, (other,))))
+    assert (batch.own.bundle, list(batch.own.more_bundles)) == (BUNDLE, [other])
+    ack = lbd_pb2.CommandAck(command_id=5, ok=False, error="1 not taken")
+    ack.failed.add(bundle=other, error="full")
+    got = convert.broker_message_from_proto(lbd_pb2.BrokerMessage(ack=ack))
+    assert got == CommandAck(5, ok=False, error="1 not taken", failed={other: "full"})
+    assert got.of(BUNDLE) == CommandAck(5) and got.of(other) == CommandAck(5, False, "full")
+    hello = lbd_pb2.BrokerInfo(broker_id="b1", takes_own_batches=True)
+    said = convert.broker_message_from_proto(lbd_pb2.BrokerMessage(hello=hello))
+    assert isinstance(said, Hello) and said.takes_own_batches
+
+
+def test_an_ack_that_is_ok_yet_names_bundles_not_taken_is_refused() -> None:
+    ack = lbd_pb2.CommandAck(command_id=5, ok=True)
+    ack.failed.add(bundle=BUNDLE, error="full")
+    with pytest.raises(InvalidInputError, match="ok is true but failed"):
+        convert.broker_message_from_proto(lbd_pb2.BrokerMessage(ack=ack))
+
+
 def test_bundle_info_of_init_and_of_a_value() -> None:
     init = convert.bundle_info(BUNDLE, None)
     owned = convert.bundle_info(

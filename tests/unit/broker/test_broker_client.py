@@ -134,6 +134,31 @@ async def test_commands_are_acked_and_a_bundle_is_served_only_owned_and_under_a_
     ]
 
 
+async def test_an_own_of_several_bundles_takes_each_and_acks_each_one_not_taken(
+    sidecar: tuple[ScriptedSidecar, str], client: BrokerClient, handler: Recorder
+) -> None:
+    servicer, _ = sidecar
+    session = await servicer.next_session()
+    first = await asyncio.wait_for(session.received.get(), WAIT_S)
+    assert first.hello.takes_own_batches  # the library carries out Own batches
+    handler.refuse[OTHER] = "no room for it"
+    batch = lbd_pb2.OwnCommand(bundle=BUNDLE, more_bundles=[OTHER, "no-such-bundle"])
+    ack = await session.command(lbd_pb2.SidecarMessage(command_id=7, own=batch))
+    assert ack.command_id == 7 and not ack.ok
+    assert {f.bundle: f.error for f in ack.failed} == {
+        OTHER: "no room for it",
+        "no-such-bundle": ack.failed[1].error,
+    }
+    assert "invalid bundle id" in ack.failed[1].error
+    assert client.owned == {BUNDLE}
+    assert handler.calls == [("own", BUNDLE, ""), ("own", OTHER, "")]
+    handler.refuse.clear()
+    batch = lbd_pb2.OwnCommand(bundle=OTHER, more_bundles=[BUNDLE])
+    ack = await session.command(lbd_pb2.SidecarMessage(command_id=8, own=batch))
+    assert ack.ok and not ack.failed
+    assert client.owned == {BUNDLE, OTHER}
+
+
 async def test_the_lease_runs_out_when_renewals_go_unanswered_while_the_stream_stays_open(
     sidecar: tuple[ScriptedSidecar, str], client: BrokerClient, handler: Recorder
 ) -> None:

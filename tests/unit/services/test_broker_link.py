@@ -30,9 +30,11 @@ B2 = BundleId("public/default/0x40000000_0x80000000")
 class Broker:
     """A scripted far end: a queue of messages to send, the commands it got."""
 
-    def __init__(self, link: BrokerLink, info: BrokerInfo | None = None) -> None:
+    def __init__(
+        self, link: BrokerLink, info: BrokerInfo | None = None, *, hello: Hello | None = None
+    ) -> None:
         self.outgoing: asyncio.Queue[object] = asyncio.Queue()
-        self.outgoing.put_nowait(Hello(info or BrokerInfo(ME)))
+        self.outgoing.put_nowait(hello or Hello(info or BrokerInfo(ME)))
         self.commands: asyncio.Queue[object] = asyncio.Queue()
         self.task = asyncio.create_task(self._run(link))
 
@@ -91,6 +93,64 @@ async def test_commands_wait_for_the_brokers_ack() -> None:
     async with asyncio.timeout(2):
         assert (await anext(events)).kind is LinkEventKind.DETACHED
     assert not link.attached
+
+
+B3 = BundleId("public/default/0x80000000_0xc0000000")
+
+
+async def test_owns_asked_for_together_go_as_one_command_to_a_broker_that_takes_batches() -> None:
+    clock = ManualClock()
+    link = BrokerLink(ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=clock)
+    broker = Broker(link, hello=Hello(BrokerInfo(ME), takes_own_batches=True))
+    owning = [asyncio.create_task(link.own(b)) for b in (B1, B2, B3)]
+    command = await broker.next_command()
+    assert command.command == OwnCommand(B1, (B2, B3))
+    # B2 was not taken: it alone is refused, and closed after the Own (it may hold it anyway).
+    broker.outgoing.put_nowait(
+        CommandAck(command.command_id, ok=False, error="1 not taken", failed={B2: "no disk"})
+    )
+    close = await broker.next_command()
+    assert close.command == CloseCommand(B2, "own not acknowledged: no disk")
+    broker.outgoing.put_nowait(CommandAck(close.command_id))
+    assert [await o for o in owning] == [True, False, True]
+    assert link.served() == {B1, B3}
+    # A lone Own is a batch of one: an Own of its own.
+    alone = asyncio.create_task(link.own(B2))
+    command = await broker.next_command()
+    assert command.command == OwnCommand(B2)
+    broker.outgoing.put_nowait(CommandAck(command.command_id))
+    assert await alone is True
+    await broker.end()
+
+
+async def test_an_own_batch_unanswered_is_doubted_whole() -> None:
+    clock = ManualClock()
+    link = BrokerLink(ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=clock)
+    broker = Broker(link, hello=Hello(BrokerInfo(ME), takes_own_batches=True))
+    owning = [asyncio.create_task(link.own(b)) for b in (B1, B2)]
+    assert (await broker.next_command()).command == OwnCommand(B1, (B2,))
+    await clock.run_for(5.1, step=0.5)
+    closes = [await broker.next_command() for _ in range(2)]
+    assert {c.command.bundle for c in closes} == {B1, B2}
+    for close in closes:
+        broker.outgoing.put_nowait(CommandAck(close.command_id))
+    async with asyncio.timeout(2):
+        assert [await o for o in owning] == [False, False]
+    assert link.served() == frozenset()
+    await broker.end()
+
+
+async def test_a_broker_that_did_not_say_it_takes_batches_gets_one_own_per_bundle() -> None:
+    clock = ManualClock()
+    link = BrokerLink(ME, auto_ack=False, own_ack_timeout_s=5, release_ack_timeout_s=5, clock=clock)
+    broker = Broker(link)
+    owning = [asyncio.create_task(link.own(b)) for b in (B1, B2)]
+    commands = [await broker.next_command() for _ in range(2)]
+    assert [c.command for c in commands] == [OwnCommand(B1), OwnCommand(B2)]
+    for command in commands:
+        broker.outgoing.put_nowait(CommandAck(command.command_id))
+    assert [await o for o in owning] == [True, True]
+    await broker.end()
 
 
 async def test_an_unanswered_command_times_out_on_the_clock() -> None:
