@@ -175,23 +175,24 @@ class ChannelFollower:
         if predicate(self._table.get(bundle)):
             return self._table.get(bundle)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (predicate, future)
-        self._waiters.setdefault(bundle, []).append(entry)
-        try:
+        with self._waiting(bundle, predicate, future):
             await future
-        finally:
-            waiters = self._waiters.get(bundle)
-            if waiters is not None and entry in waiters:
-                waiters.remove(entry)
-                if not waiters:
-                    del self._waiters[bundle]
         return self._table.get(bundle)
 
-    @contextlib.contextmanager
-    def watching(self, bundle: BundleId, observer: Predicate) -> Iterator[None]:
+    def watching(
+        self, bundle: BundleId, observer: Predicate
+    ) -> contextlib.AbstractContextManager[None]:
         """Within the block, show ``observer`` every value of ``bundle`` as it is applied (its
         answer is ignored): a waiter without a task of its own."""
-        entry = (observer, asyncio.get_running_loop().create_future())
+        return self._waiting(bundle, observer, asyncio.get_running_loop().create_future())
+
+    @contextlib.contextmanager
+    def _waiting(
+        self, bundle: BundleId, predicate: Predicate, future: asyncio.Future[None]
+    ) -> Iterator[None]:
+        """``predicate`` is shown each value of ``bundle`` applied within the block, until it
+        holds (``future`` is then set)."""
+        entry = (predicate, future)
         self._waiters.setdefault(bundle, []).append(entry)
         try:
             yield

@@ -119,6 +119,16 @@ class _Sweep:
     full: set[BrokerId] = field(default_factory=set)
     """Brokers the recovery budget admitted no more orphans to during this sweep."""
 
+    def report(self) -> SweepReport:
+        """What the sweep did."""
+        return SweepReport(
+            tuple(self.fixes),
+            tuple(self.failed),
+            dict(self.waiting),
+            dict(self.handing_over),
+            self.skipped,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SweepReport:
@@ -235,25 +245,13 @@ class OwnershipMonitor:
                 if len(sweep.full) >= len(sweep.live):
                     self._held[bundle] = value  # no broker has a slot left
                     continue
-                if self._deposed(term):
-                    sweep.skipped = f"the channel shows a term above {term}"
+                if not await self._check_in(sweep, bundle, value):
                     break
-                try:
-                    await self._check(bundle, value, sweep)
-                except LbdError as e:
-                    sweep.failed.append((bundle, str(e)))
-                    _log.warning("monitor: could not fix %s: %s", bundle, e)
             await self._settle_writes(sweep)
         finally:
             for _, _, task in sweep.writes:
                 task.cancel()  # only left running when the sweep itself was cancelled
-        return SweepReport(
-            tuple(sweep.fixes),
-            tuple(sweep.failed),
-            dict(sweep.waiting),
-            dict(sweep.handing_over),
-            sweep.skipped,
-        )
+        return sweep.report()
 
     def _cannot_sweep(self, term: int) -> str | None:
         """Why no sweep of ``term`` may run now, if none may."""
@@ -307,14 +305,8 @@ class OwnershipMonitor:
                     continue  # tombstoned since the sweep began
                 if value.state is _S.Owned and value.dst_broker in live:
                     continue  # the common case, and one _check leaves as it is
-                if self._deposed(term):
-                    sweep.skipped = f"the channel shows a term above {term}"
+                if not await self._check_in(sweep, bundle, value):
                     break
-                try:
-                    await self._check(bundle, value, sweep)
-                except LbdError as e:
-                    sweep.failed.append((bundle, str(e)))
-                    _log.warning("monitor: could not fix %s: %s", bundle, e)
             await self._settle_writes(sweep)
         finally:
             for _, _, task in sweep.writes:
@@ -323,13 +315,20 @@ class OwnershipMonitor:
             self._note_cancelled(sweep.waiting, live)
             # A broker the table no longer names starts a new grace if it is named again.
             self._gone.keep_only(sweep.away)
-        return SweepReport(
-            tuple(sweep.fixes),
-            tuple(sweep.failed),
-            dict(sweep.waiting),
-            dict(sweep.handing_over),
-            sweep.skipped,
-        )
+        return sweep.report()
+
+    async def _check_in(self, sweep: _Sweep, bundle: BundleId, value: ServiceUnitStateData) -> bool:
+        """Check one bundle in ``sweep``, a failure logged and counted as the sweep's; False
+        (and the sweep marked skipped) when the channel shows that this leader was deposed."""
+        if self._deposed(sweep.term):
+            sweep.skipped = f"the channel shows a term above {sweep.term}"
+            return False
+        try:
+            await self._check(bundle, value, sweep)
+        except LbdError as e:
+            sweep.failed.append((bundle, str(e)))
+            _log.warning("monitor: could not fix %s: %s", bundle, e)
+        return True
 
     async def _settle_writes(self, sweep: _Sweep) -> None:
         """Wait for every write the sweep started; account each as a fix or a failure."""
