@@ -135,23 +135,23 @@ class MemoryChannelLog:
     async def publish(self, key: str, value: bytes) -> ChannelPosition:
         """Append ``value`` under ``key``; its position (see the port)."""
         check_publishable_key(key)
-        self._check_open()
-        # A suspension point, as a real send has: concurrent publishers interleave.
-        await asyncio.sleep(0)
-        while self._log.publishes_hang:
-            await self._log._changed.wait()
-        self._check_open()
+        await self._send_turn()
         return self._log.append(key, value)
 
     async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
         """Append ``entries`` as one batch; their positions (see the port)."""
         check_publishable_batch(entries)
+        await self._send_turn()
+        return self._log.append_batch(entries)
+
+    async def _send_turn(self) -> None:
+        """Wait as a send does, open before and after: a suspension point (concurrent
+        publishers interleave), and for as long as publishes hang."""
         self._check_open()
         await asyncio.sleep(0)
         while self._log.publishes_hang:
             await self._log._changed.wait()
         self._check_open()
-        return self._log.append_batch(entries)
 
     async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after``, in order, until closed (see the port)."""

@@ -65,11 +65,6 @@ class Proposer:
         self._follower = follower
         self._clock = clock
 
-    @property
-    def writer(self) -> BatchingWriter:
-        """What the proposals are written with."""
-        return self._writer
-
     async def close(self) -> None:
         """Stop writing: proposals not yet persisted fail with UnavailableError. Idempotent."""
         await self._writer.close()
