@@ -74,6 +74,7 @@ READER_METHODS = frozenset(
     f"{_SERVICE}{m}"
     for m in (
         "LoadBalancer/Lookup",
+        "LoadBalancer/LookupMany",
         "LoadBalancer/WatchOwnership",
         "Admin/ListBrokers",
         "Admin/ListBundles",

@@ -108,25 +108,31 @@ class _ErrorMapping(CallWrapper):
         self, method: str, context: grpc.aio.ServicerContext, error: Exception
     ) -> None:
         """Abort the call as ``error`` deserves; always raises."""
-        if isinstance(error, grpc.aio.AioRpcError):
-            # A call this sidecar forwarded failed: pass the other sidecar's answer on as it is.
-            _log.debug(
-                "%s: forwarded call failed: %s %s", method, error.code().name, error.details()
-            )
-            await context.abort(error.code(), error.details() or "")
-        if isinstance(error, LbdError):
-            code = status_of(error)
-            if code is grpc.StatusCode.INTERNAL:
-                _log.error("%s failed: %s", method, error, exc_info=error)
-            else:
-                _log.debug("%s: %s: %s", method, code.name, error)
-            if isinstance(error, UndecodableRequestError):
-                self._count(method, UNDECODABLE)
-            elif code is grpc.StatusCode.INVALID_ARGUMENT:
-                self._count(method, INVALID_ARGUMENT)
-            await context.abort(code, str(error))
-        _log.error("%s failed with an unexpected error", method, exc_info=error)
-        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        code, message = failure_of(method, error)
+        if isinstance(error, UndecodableRequestError):
+            self._count(method, UNDECODABLE)
+        elif isinstance(error, LbdError) and code is grpc.StatusCode.INVALID_ARGUMENT:
+            self._count(method, INVALID_ARGUMENT)
+        await context.abort(code, message)
+
+
+def failure_of(method: str, error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a call of ``method`` that failed with ``error`` ends with,
+    logged as it deserves: a bug with its traceback (the client gets INTERNAL and a pointer to
+    the log), anything else at debug level."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        # A call this sidecar forwarded failed: pass the other sidecar's answer on as it is.
+        _log.debug("%s: forwarded call failed: %s %s", method, error.code().name, error.details())
+        return error.code(), error.details() or ""
+    if isinstance(error, LbdError):
+        code = status_of(error)
+        if code is grpc.StatusCode.INTERNAL:
+            _log.error("%s failed: %s", method, error, exc_info=error)
+        else:
+            _log.debug("%s: %s: %s", method, code.name, error)
+        return code, str(error)
+    _log.error("%s failed with an unexpected error", method, exc_info=error)
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
 
 
 class ErrorInterceptor(WrappingInterceptor):

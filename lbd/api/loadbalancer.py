@@ -26,9 +26,12 @@ import grpc
 
 from lbd.api import convert
 from lbd.api.auth import BROKER_SESSION, Authenticator, Refused, audit, principal_of
+from lbd.api.errors import failure_of
+from lbd.core.errors import InvalidInputError
 from lbd.core.names import NamespaceName
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.services.channel.follower import ReadBarrier
+from lbd.services.sidecar.lookup import LookupResult
 from lbd.tasks import cancel_and_wait, guard
 
 if TYPE_CHECKING:
@@ -44,6 +47,9 @@ _MAX_AGE_MS: Final = 2**32 - 1
 """The largest ``vouched_age_ms`` (a uint32): about 50 days."""
 _MIN_HEARTBEAT_S: Final = 0.01
 """The shortest heartbeat interval served, whatever a client asks for."""
+MAX_LOOKUPS_PER_CALL: Final = 4_096
+"""The most lookups one ``LookupMany`` call may carry."""
+_LOOKUP_MANY = "/lbd.v1.LoadBalancer/LookupMany"
 _SAMPLES_KEPT: Final = 16
 """Barrier-count samples a :class:`_Vouch` keeps; dropping the oldest only makes it vouch less."""
 
@@ -72,6 +78,23 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
         """The topic's bundle and owner; assigns the bundle unless ``read_only``."""
         result = await self._lookup.lookup(request.topic, read_only=request.read_only)
         return convert.lookup_response(result)
+
+    async def LookupMany(
+        self, request: lbd_pb2.LookupManyRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.LookupManyResponse:
+        """Each lookup answered as :meth:`Lookup` would answer it alone, concurrently, in the
+        order asked; one that fails carries the status code and message it would have failed
+        with, and the others are answered all the same."""
+        count = len(request.lookups)
+        if count > MAX_LOOKUPS_PER_CALL:
+            raise InvalidInputError(
+                f"LookupMany carries {count} lookups; at most {MAX_LOOKUPS_PER_CALL} per call"
+            )
+        outcomes = await asyncio.gather(
+            *(self._lookup.lookup(r.topic, read_only=r.read_only) for r in request.lookups),
+            return_exceptions=True,
+        )
+        return lbd_pb2.LookupManyResponse(results=[_lookup_result(o) for o in outcomes])
 
     async def WatchOwnership(
         self, request: lbd_pb2.WatchOwnershipRequest, context: grpc.aio.ServicerContext
@@ -218,6 +241,15 @@ async def _with_beats(
             yield item
     finally:
         await cancel_and_wait(pumping)
+
+
+def _lookup_result(outcome: LookupResult | BaseException) -> lbd_pb2.LookupResult:
+    if isinstance(outcome, LookupResult):
+        return lbd_pb2.LookupResult(answer=convert.lookup_response(outcome))
+    if not isinstance(outcome, Exception):
+        raise outcome  # a cancellation: the call's, never one lookup's alone
+    code, message = failure_of(_LOOKUP_MANY, outcome)
+    return lbd_pb2.LookupResult(failure=lbd_pb2.LookupFailure(code=code.value[0], message=message))
 
 
 async def _prepend(first: _T, rest: AsyncIterator[_T]) -> AsyncIterator[_T]:

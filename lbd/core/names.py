@@ -25,6 +25,9 @@ MAX_NAMESPACE_NAME_LENGTH = 255
 PARTITION_SUFFIX = "-partition-"
 
 _ENTITY_ALLOWED = re.compile(r"[-=:.\w]", re.ASCII)
+_ENTITY_VALID = re.compile(r"[-=:.\w]+", re.ASCII)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Unicode's control characters (category Cc): U+0000-U+001F and U+007F-U+009F."""
 _ENTITY_RULE = "letters, digits, '_', '-', '=', ':' and '.'"
 _PARTITION_INDEX = re.compile(r"0|[1-9][0-9]*")
 _INT32_MAX = 2**31 - 1
@@ -39,6 +42,8 @@ class TopicDomain(StrEnum):
 
 def _check_entity(kind: str, value: str, whole: str) -> None:
     """Raise unless ``value`` is a valid tenant or namespace (Pulsar ``NamedEntity.checkName``)."""
+    if _ENTITY_VALID.fullmatch(value):
+        return
     if not value:
         raise InvalidInputError(f"invalid {whole}: empty {kind}")
     bad = sorted({c for c in value if not _ENTITY_ALLOWED.fullmatch(c)})
@@ -103,13 +108,21 @@ class TopicName:
     local_name: str
 
     def __post_init__(self) -> None:
+        local = self.local_name
+        if (
+            local
+            and "/" not in local
+            and not _CONTROL.search(local)
+            and len(self._joined()) <= MAX_TOPIC_NAME_LENGTH
+        ):
+            return  # valid: the checks below say what is wrong otherwise
         whole = f"topic name {self._joined()!r}"
         if not self.local_name:
             raise InvalidInputError(f"invalid {whole}: empty local name")
         if "/" in self.local_name:
             raise InvalidInputError(f"invalid {whole}: local name must not contain '/'")
-        controls = sorted({c for c in self.local_name if unicodedata.category(c) == "Cc"})
-        if controls:
+        if _CONTROL.search(self.local_name):
+            controls = sorted({c for c in self.local_name if unicodedata.category(c) == "Cc"})
             shown = ", ".join(repr(c) for c in controls)
             raise InvalidInputError(f"invalid {whole}: local name has control characters {shown}")
         if len(self._joined()) > MAX_TOPIC_NAME_LENGTH:

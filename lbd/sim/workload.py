@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import math
 import zlib
 from collections.abc import Iterable
@@ -247,16 +248,17 @@ class _NamePool:
     A bundle's topics are the smallest ``j`` whose hash falls in its range. Probing ``j`` one by
     one costs about (hash space / bundle width) hashes per topic, every bundle afresh: seconds per
     bundle in a namespace of many thousand bundles. The pool hashes each candidate once for the
-    whole namespace and finds a range's candidates by bisection; it grows (by four) until a
-    range holds enough of them, up to ``MAX_NAME_PROBES``, so the names are the same as probing
-    gives.
+    whole namespace and finds a range's candidates by bisection. It grows until a range holds
+    enough of them, up to ``MAX_NAME_PROBES``: at once to about twice the candidates a range of
+    that width needs on average, so that one growth usually serves every bundle of a namespace.
+    Whatever its size, the names are the same as probing gives. Each candidate is kept as one
+    integer, its hash above its ``j``, so that sorting and bisecting compare plain integers.
     """
 
     def __init__(self, namespace: str) -> None:
         self._prefix = f"persistent://{namespace}/sim-"
         self._size = 0
-        self._hashes: list[int] = []
-        self._indices: list[int] = []
+        self._keys: list[int] = []  # (hash << _INDEX_BITS) | j, sorted
 
     def name(self, j: int) -> str:
         return f"{self._prefix}{j}"
@@ -266,25 +268,28 @@ class _NamePool:
         not even ``MAX_NAME_PROBES`` candidates hold that many)."""
         if count <= 0:
             return []
-        if self._size == 0:
-            self._grow(min(MAX_NAME_PROBES, 1024))
         while True:
             found = self._in(bundle)
             if len(found) >= count or self._size >= MAX_NAME_PROBES:
                 return sorted(found)[:count]
-            self._grow(min(MAX_NAME_PROBES, self._size * 4))
+            width = bundle.range.hi - bundle.range.lo + 1
+            needed = 2 * (count + 2) * (FULL_UPPER + 1) // width
+            self._grow(min(MAX_NAME_PROBES, max(self._size * 4, needed, 1024)))
 
     def _in(self, bundle: Bundle) -> list[int]:
         r = bundle.range
-        start = bisect.bisect_left(self._hashes, r.lo)
+        start = bisect.bisect_left(self._keys, r.lo << _INDEX_BITS)
         upper = r.hi + 1 if r.hi == FULL_UPPER else r.hi  # the last bundle holds 0xffffffff
-        end = bisect.bisect_left(self._hashes, upper)
-        return self._indices[start:end]
+        end = bisect.bisect_left(self._keys, upper << _INDEX_BITS)
+        return [key & _INDEX_MASK for key in self._keys[start:end]]
 
     def _grow(self, size: int) -> None:
-        pairs = list(zip(self._hashes, self._indices, strict=True))
-        pairs.extend((topic_hash(self.name(j)), j) for j in range(self._size, size))
-        pairs.sort()
-        self._hashes = [h for h, _ in pairs]
-        self._indices = [j for _, j in pairs]
+        prefix = self._prefix
+        fresh = [(topic_hash(f"{prefix}{j}") << _INDEX_BITS) | j for j in range(self._size, size)]
+        fresh.sort()
+        self._keys = list(heapq.merge(self._keys, fresh))
         self._size = size
+
+
+_INDEX_BITS = MAX_NAME_PROBES.bit_length()
+_INDEX_MASK = (1 << _INDEX_BITS) - 1

@@ -125,3 +125,21 @@ def test_a_report_reuses_the_stats_of_steady_bundles_and_equals_one_made_afresh(
         # A bundle no longer served is forgotten.
         load_report(workload.sample(BUNDLES[1:], 3), made)
         assert set(made) == set(BUNDLES[1:])
+
+
+@pytest.mark.parametrize("bundles", [1, 4, 1_000])
+def test_a_bundle_s_topics_are_the_first_names_probing_would_find(bundles: int) -> None:
+    # The pool hashes many names at once, however many a namespace needs; the topics must be
+    # the smallest sim-<j> whose hash falls in the bundle, as probing j = 0, 1, ... finds them.
+    spec = WorkloadSpec(topics_per_bundle=3)
+    layout = NamespaceBundles.default(NamespaceName("t", "probe"), bundles)
+    workload = Workload(spec)
+    for bundle in list(layout.bundles())[:: max(1, bundles // 50)]:
+        probed: list[str] = []
+        j = 0
+        while len(probed) < spec.topics_per_bundle:
+            name = f"persistent://t/probe/sim-{j}"
+            if layout.find(name).id == bundle.id:
+                probed.append(name)
+            j += 1
+        assert sorted(workload.topics(bundle.id)) == sorted(probed)

@@ -109,6 +109,34 @@ class LookupResponse(_message.Message):
     state: BundleState
     def __init__(self, bundle: _Optional[str] = ..., owner_broker_id: _Optional[str] = ..., owner: _Optional[_Union[OwnerUrls, _Mapping]] = ..., state: _Optional[_Union[BundleState, str]] = ...) -> None: ...
 
+class LookupManyRequest(_message.Message):
+    __slots__ = ("lookups",)
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    lookups: _containers.RepeatedCompositeFieldContainer[LookupRequest]
+    def __init__(self, lookups: _Optional[_Iterable[_Union[LookupRequest, _Mapping]]] = ...) -> None: ...
+
+class LookupManyResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LookupResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[LookupResult, _Mapping]]] = ...) -> None: ...
+
+class LookupResult(_message.Message):
+    __slots__ = ("answer", "failure")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    answer: LookupResponse
+    failure: LookupFailure
+    def __init__(self, answer: _Optional[_Union[LookupResponse, _Mapping]] = ..., failure: _Optional[_Union[LookupFailure, _Mapping]] = ...) -> None: ...
+
+class LookupFailure(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class WatchOwnershipRequest(_message.Message):
     __slots__ = ("namespace", "heartbeat_ms")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class LoadBalancerStub:
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.LookupRequest.SerializeToString,
                 response_deserializer=lbd_dot_v1_dot_lbd__pb2.LookupResponse.FromString,
                 _registered_method=True)
+        self.LookupMany = channel.unary_unary(
+                '/lbd.v1.LoadBalancer/LookupMany',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.LookupManyRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.LookupManyResponse.FromString,
+                _registered_method=True)
         self.WatchOwnership = channel.unary_stream(
                 '/lbd.v1.LoadBalancer/WatchOwnership',
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.WatchOwnershipRequest.SerializeToString,
@@ -57,6 +62,13 @@ class LoadBalancerServicer:
 
     def Lookup(self, request, context):
         """The bundle of a topic and its owner; assigns the bundle when it has none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupMany(self, request, context):
+        """Many lookups in one call, each answered as Lookup would answer it alone, in the order asked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,6 +95,11 @@ def add_LoadBalancerServicer_to_server(servicer, server):
                     servicer.Lookup,
                     request_deserializer=lbd_dot_v1_dot_lbd__pb2.LookupRequest.FromString,
                     response_serializer=lbd_dot_v1_dot_lbd__pb2.LookupResponse.SerializeToString,
+            ),
+            'LookupMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupMany,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.LookupManyRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.LookupManyResponse.SerializeToString,
             ),
             'WatchOwnership': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchOwnership,
@@ -122,6 +139,33 @@ class LoadBalancer:
             '/lbd.v1.LoadBalancer/Lookup',
             lbd_dot_v1_dot_lbd__pb2.LookupRequest.SerializeToString,
             lbd_dot_v1_dot_lbd__pb2.LookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.LoadBalancer/LookupMany',
+            lbd_dot_v1_dot_lbd__pb2.LookupManyRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.LookupManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,11 +17,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from lbd.api.errors import INTERNAL_MESSAGE
+from lbd.api.loadbalancer import MAX_LOOKUPS_PER_CALL
 from lbd.api.server import track_fence
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName
 from lbd.gen.v1 import lbd_pb2
+from lbd.services.sidecar.lookup import LookupResult
 from tests.unit.api.served import Api, serve_api, until
 from tests.unit.services.harness import Harness, Timing
 
@@ -88,6 +90,56 @@ async def test_rebalance_on_the_leader_reports_why_nothing_moved(api: Api) -> No
 
 
 # -- status codes --------------------------------------------------------------------------------
+
+
+async def test_lookup_many_answers_each_lookup_in_order_and_fails_only_the_bad_ones(
+    api: Api, harness: Harness
+) -> None:
+    layout = NamespaceBundles.default(NamespaceName("public", "default"))
+    first, second, *_, last = layout.bundles()
+    names = [f"persistent://public/default/many-{i}" for i in range(1_000)]
+    topics = [t for t in names if layout.find(t).id in (first.id, second.id)][:40]
+    read_only = next(t for t in names if layout.find(t).id == last.id)
+    asked = [*topics[:20], "no-scheme", "persistent://nobody/nowhere/t", *topics[20:]]
+    request = lbd_pb2.LookupManyRequest(
+        lookups=[lbd_pb2.LookupRequest(topic=t) for t in asked]
+        + [lbd_pb2.LookupRequest(topic=read_only, read_only=True)]
+    )
+    reply = await api.lb.LookupMany(request, timeout=5)
+    assert len(reply.results) == len(asked) + 1
+    for topic, result in zip(asked, reply.results, strict=False):
+        if topic == "no-scheme":
+            assert result.WhichOneof("outcome") == "failure"
+            assert result.failure.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            assert "invalid topic name 'no-scheme'" in result.failure.message
+        elif topic.startswith("persistent://nobody"):
+            assert result.failure.code == grpc.StatusCode.NOT_FOUND.value[0]
+            assert "nobody/nowhere" in result.failure.message
+        else:
+            assert result.WhichOneof("outcome") == "answer"
+            assert result.answer.state == lbd_pb2.BUNDLE_STATE_OWNED
+            assert result.answer.bundle == layout.find(topic).id
+            assert result.answer.owner_broker_id == "broker-a"
+    unassigned = reply.results[-1].answer
+    assert unassigned.bundle == last.id
+    assert unassigned.state == lbd_pb2.BUNDLE_STATE_INIT and not unassigned.owner_broker_id
+    await harness.idle()
+    assert [harness.owner(b.id) for b in (first, second, last)] == ["broker-a", "broker-a", None]
+
+
+async def test_lookup_many_refuses_too_many_lookups_and_assigns_nothing(
+    api: Api, harness: Harness
+) -> None:
+    before = len(harness.log)
+    many = lbd_pb2.LookupManyRequest(
+        lookups=[lbd_pb2.LookupRequest(topic=TOPIC)] * (MAX_LOOKUPS_PER_CALL + 1)
+    )
+    code, details = await status_of(api.lb.LookupMany(many, timeout=5))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {MAX_LOOKUPS_PER_CALL} per call" in details
+    assert len(harness.log) == before
+    empty = await api.lb.LookupMany(lbd_pb2.LookupManyRequest(), timeout=5)
+    assert list(empty.results) == []
 
 
 async def test_invalid_argument_names_what_is_wrong_and_changes_nothing(
@@ -175,6 +227,30 @@ async def test_unexpected_errors_are_internal_without_a_traceback(
     assert "secret" not in details and "Traceback" not in details
     logged = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert [str(e) for e in logged] == ["secret internals"]  # the log has the traceback
+
+
+async def test_lookup_many_reports_a_bug_in_one_lookup_as_internal_and_answers_the_rest(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = api.sidecar.lookup.lookup
+
+    async def broken_for_one(topic: str, *, read_only: bool = False) -> LookupResult:
+        if topic.endswith("/broken"):
+            raise RuntimeError("secret internals")
+        return await real(topic, read_only=read_only)
+
+    monkeypatch.setattr(api.sidecar.lookup, "lookup", broken_for_one)
+    topics = [TOPIC, "persistent://public/default/broken", TOPIC]
+    request = lbd_pb2.LookupManyRequest(lookups=[lbd_pb2.LookupRequest(topic=t) for t in topics])
+    with caplog.at_level(logging.ERROR, logger="lbd.api.errors"):
+        reply = await api.lb.LookupMany(request, timeout=5)
+    outcomes = [r.WhichOneof("outcome") for r in reply.results]
+    assert outcomes == ["answer", "failure", "answer"]
+    assert reply.results[1].failure.code == grpc.StatusCode.INTERNAL.value[0]
+    assert reply.results[1].failure.message == INTERNAL_MESSAGE
+    assert reply.results[0].answer == reply.results[2].answer
+    logged = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert [str(e) for e in logged] == ["secret internals"]
 
 
 # -- auth --------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ async def _session(lb: lbd_pb2_grpc.LoadBalancerStub, broker_id: str) -> None:
 
 RPCS: dict[str, Caller] = {
     "Lookup": lambda lb, a: lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC, read_only=True)),
+    "LookupMany": lambda lb, a: lb.LookupMany(
+        lbd_pb2.LookupManyRequest(lookups=[lbd_pb2.LookupRequest(topic=TOPIC, read_only=True)])
+    ),
     "WatchOwnership": lambda lb, a: _first(lb.WatchOwnership(lbd_pb2.WatchOwnershipRequest())),
     "BrokerSession(own id)": lambda lb, a: _session(lb, "broker-a"),
     "Assign": lambda lb, a: a.Assign(lbd_pb2.AssignRequest(topic=TOPIC)),
@@ -95,6 +98,7 @@ async def _first(call: object) -> None:
 
 READS = {
     "Lookup",
+    "LookupMany",
     "WatchOwnership",
     "ListBrokers",
     "GetLeader",
