@@ -47,6 +47,8 @@ class ChannelPosition:
     batch_index: int = -1
 
     def __post_init__(self) -> None:
+        if type(self.ledger_id) is type(self.entry_id) is type(self.batch_index) is int:
+            return  # the common case, checked at once (a bool is not an int here)
         for name in ("ledger_id", "entry_id", "batch_index"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):

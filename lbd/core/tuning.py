@@ -221,9 +221,11 @@ class GovernorConfig:
     )
     """Shedding, plans, drains and admin moves."""
     recovery: Budget = field(
-        default_factory=lambda: Budget(per_broker=256, cluster=2048, per_minute=0)
+        default_factory=lambda: Budget(per_broker=512, cluster=2048, per_minute=0)
     )
-    """The leader's repair of orphans (bundles of gone brokers), which nobody serves meanwhile."""
+    """The leader's repair of orphans (bundles of gone brokers), which nobody serves meanwhile.
+    512 per broker is two Own batches (``OWN_BATCH_MAX``): a broker takes one while the next is
+    on its way."""
 
 
 @dataclass(frozen=True, slots=True)

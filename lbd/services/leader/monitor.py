@@ -31,13 +31,20 @@ thousand bundles is ten thousand announcements, then as many hand-overs. Each wr
 made in the same step as the check that the bundle did not move on (its version follows the value
 the fix was decided on), and the sweep ends when every write it started is persisted or failed.
 The namespace records and the registry's word on each gone broker are read once per sweep.
+
+Between full sweeps, the leader hands each announced move over as its wait ends, in a pass over
+the moves then due and the orphans held back for the recovery budget (:meth:`run_held`): a
+hand-over waits ``handover_wait_s``, not that plus up to an interval. A pass checks each bundle
+by the same rules as a full sweep, on its value then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,6 +76,10 @@ _S = ServiceUnitState
 SWEEP_SLICE = 1_000
 """A sweep lets the event loop run after each slice of this many bundles: a sweep of 100k
 bundles is a few hundred milliseconds of checks, which would otherwise hold up every lookup."""
+HANDOVER_PASS_GAP_S = 0.05
+"""The least time between two passes that hand over announced moves as their waits end."""
+_SLACK_S = 1e-6
+"""A full sweep due this close is due now (a clock's sleep may end a rounding error early)."""
 WRITE_WINDOW = 4096
 """Channel writes one sweep has in flight at once. The channel writer sends them in batches, so
 a write in flight costs a queued entry, not a message: announcing 10,000 orphans took 1.6 s of
@@ -192,56 +203,92 @@ class OwnershipMonitor:
         self._held: dict[BundleId, ServiceUnitStateData] = {}
         """Orphans the last sweeps held back for the recovery budget, with the value each was
         held back on, in the order met: handed over as slots free up (:meth:`run_held`)."""
-        self._last_full_sweep: float | None = None
-        """Orphans the last sweep left for the next because the recovery budget was spent."""
+        self._due: dict[BundleId, float] = {}
+        """Announced moves off gone brokers, by when their hand-over wait ends (monotonic):
+        handed over then (:meth:`run_held`) rather than at the next full sweep."""
         self._written_at: dict[BundleId, tuple[float, BrokerId | None, int]] = {}
         """When this leader's own announcements were persisted, until it reads them back."""
 
     async def run_leading(self, term: int) -> None:
-        """The leader duty: a sweep every interval until cancelled. When sweeps held orphans
-        back for the governor's recovery budget, those go as soon as half the recovery slots in
-        use are free again (:meth:`run_held`), without a walk of the whole table; the whole
-        table is swept every interval all the same."""
+        """The leader duty: a sweep every interval until cancelled. In between, announced moves
+        are handed over as their hand-over waits end, and orphans held back for the governor's
+        recovery budget go as soon as a quarter of the recovery slots in use are free again
+        (:meth:`run_held`), each without a walk of the whole table; the whole table is swept
+        every interval all the same.
+
+        A quarter, not all: a broker's recovery slots hold two Own batches' worth of bundles
+        (``governor.recovery_per_broker``), so that one batch is taken while the next is on its
+        way, and the next pass starts as soon as one batch has settled."""
+        last_full = self._clock.monotonic()
+        last_pass = -math.inf
         while True:
-            interval = self._settings.interval_s
+            now = self._clock.monotonic()
+            full_at = last_full + self._settings.interval_s
+            if now >= full_at - _SLACK_S:
+                await self.run_once(term)
+                last_full = self._clock.monotonic()
+                continue
+            # Passes are spaced a little: hand-overs come due in the batches their
+            # announcements were written in, and one pass takes every one due by then.
+            earliest = last_pass + HANDOVER_PASS_GAP_S
+            due = min(self._due.values(), default=None)
+            wake = full_at if due is None else min(full_at, max(due, earliest))
             if self._held:
+                # A pass once a quarter of the recovery slots in use are free again, within a
+                # second at most; with none in use, there is nothing to wait for but the second.
                 in_flight = self._governor.in_flight(MoveKind.RECOVERY)
-                with contextlib.suppress(DeadlineError):
-                    await within(
-                        self._clock,
-                        min(interval, 1.0),
-                        self._governor.wait_in_flight_at_most(MoveKind.RECOVERY, in_flight // 2),
-                        "recovery slots",
-                    )
-                last = self._last_full_sweep
-                if last is not None and self._clock.monotonic() - last < interval:
-                    await self.run_held(term)
-                    continue
-            else:
-                await self._clock.sleep(interval)
-            await self.run_once(term)
+                limit = min(wake, now + 1.0)
+                if in_flight:
+                    with contextlib.suppress(DeadlineError):
+                        await within(
+                            self._clock,
+                            max(0.0, limit - now),
+                            self._governor.wait_in_flight_at_most(
+                                MoveKind.RECOVERY, in_flight * 3 // 4
+                            ),
+                            "recovery slots",
+                        )
+                    wake = earliest  # but not sooner than the spacing allows
+                else:
+                    wake = max(limit, earliest)
+            now = self._clock.monotonic()
+            if wake > now:
+                await self._clock.sleep(wake - now)
+                now = self._clock.monotonic()
+            if now < full_at - _SLACK_S and (
+                self._held or any(at <= now for at in self._due.values())
+            ):
+                await self.run_held(term)
+                last_pass = self._clock.monotonic()
 
     async def run_held(self, term: int) -> SweepReport:
-        """Hand over the orphans sweeps held back for the recovery budget, as far as the budget
-        lets, without walking the whole table.
+        """Hand over the orphans sweeps held back for the recovery budget, and the announced
+        moves whose hand-over wait has ended, as far as the budget lets, without walking the
+        whole table.
 
-        Each is checked on its value now by the same rules as in a full sweep (:meth:`_check`);
-        one whose value changed since it was held back is left to the next full sweep, as is
-        every other bundle.
+        Each is checked on its value now by the same rules as in a full sweep (:meth:`_check`).
+        A held-back orphan whose value changed since it was held back is left to the next full
+        sweep, as is every other bundle.
         """
         reason = self._cannot_sweep(term)
         sweep = None if reason is not None else self._new_sweep(term)
         if sweep is None or sweep.skipped is not None:
             return SweepReport(skipped=reason if sweep is None else sweep.skipped)
         held, self._held = self._held, {}
+        due = [bundle for bundle, at in self._due.items() if at <= sweep.mono]
+        for bundle in due:
+            del self._due[bundle]
+        pending = itertools.chain(held.items(), ((bundle, None) for bundle in due))
         table = self._follower.table
         try:
-            for n, (bundle, seen) in enumerate(held.items(), 1):
+            for n, (bundle, seen) in enumerate(pending, 1):
                 if n % SWEEP_SLICE == 0:
                     await asyncio.sleep(0)  # as in a full sweep
                 value = table.get(bundle)
-                if value != seen or value is None:
+                if value is None or (seen is not None and value != seen):
                     continue
+                if value.state is _S.Owned and value.dst_broker in sweep.live:
+                    continue  # as in a full sweep
                 if len(sweep.full) >= len(sweep.live):
                     self._held[bundle] = value  # no broker has a slot left
                     continue
@@ -281,8 +328,8 @@ class OwnershipMonitor:
             return SweepReport(skipped=reason)
         sweep = self._new_sweep(term)
         live = sweep.live
-        self._last_full_sweep = sweep.mono
-        self._held = {}  # the sweep finds again whatever is still held back
+        self._held = {}  # the sweep finds again whatever is still held back, or waiting
+        self._due = {}
         table = self._follower.table
         self._forget_undated(table)
         if self._announced:
@@ -452,7 +499,9 @@ class OwnershipMonitor:
 
             def persisted() -> None:
                 # The wait may count from here, before this sidecar reads the announcement.
-                self._written_at[bundle] = (self._clock.monotonic(), dst, term)
+                at = self._clock.monotonic()
+                self._written_at[bundle] = (at, dst, term)
+                self._due[bundle] = at + self._handover_wait_s
 
             return await self._force(
                 bundle,
@@ -479,6 +528,7 @@ class OwnershipMonitor:
         wait_s = self._handover_wait_s
         if announced_s < wait_s:
             sweep.handing_over[bundle] = announced_s
+            self._due[bundle] = seen + wait_s
             return None
         if await self._registered_now(server, sweep):
             return None  # it came back: its sidecar finishes the move itself

@@ -32,6 +32,7 @@ from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.graph import Sidecar
 from lbd.services.leader.monitor import SWEEP_SLICE, OwnershipMonitor
 
 S = ServiceUnitState
@@ -125,6 +126,7 @@ async def rig(governor: GovernorConfig = QUIET.governor) -> AsyncIterator[Rig]:
     config = dataclasses.replace(QUIET, monitor=SETTINGS, governor=governor)
     async with Harness(config=config) as h:
         leader = await h.add("leader", auto_ack=False)
+        sweep_by_hand(leader)
         others = MemoryMetadataStore(h.metadata, POLICY)
         await others.start()
         # The leader has read the channel through for longer than the in-flight timeout:
@@ -145,6 +147,14 @@ async def rig(governor: GovernorConfig = QUIET.governor) -> AsyncIterator[Rig]:
             )
         finally:
             await others.close()
+
+
+def sweep_by_hand(sidecar: Sidecar) -> None:
+    """Run ``sidecar``'s monitor only when a test sweeps: its leader duty would hand announced
+    moves over by itself as their waits end. From the next term on (the duty of the current
+    one sleeps through the whole test, its interval being ``NEVER_S``)."""
+    elector = sidecar.elector
+    elector._duties = tuple(d for d in elector._duties if d is not sidecar.monitor)
 
 
 def forced(value: ServiceUnitStateData | None) -> bool:
@@ -216,6 +226,31 @@ async def test_orphans_held_back_by_the_recovery_budget_go_as_soon_as_a_slot_is_
             await r.write(B1, S.Owned, dst=Y, src=X)  # Y's sidecar took B1: its slot is free
             await turns(lambda: r.follower.get(B2).state is S.Assigning)
             assert r.follower.get(B2).dst_broker == Y
+        finally:
+            duty.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await duty
+
+
+async def test_the_leader_duty_hands_an_announced_move_over_when_its_wait_ends() -> None:
+    # The duty's full sweeps are NEVER_S apart here: the hand-over comes from the pass the duty
+    # runs when the announcement's wait ends, not from a sweep of the whole table.
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.write(B2, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.sweep()
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing, S.Releasing]
+        duty = asyncio.ensure_future(r.monitor.run_leading(TERM))
+        try:
+            await r.clock.run_for(HANDOVER_S - 0.5)
+            assert [r.follower.get(b).state for b in (B1, B2)] == [S.Releasing, S.Releasing]
+            await r.clock.run_for(1.0)
+            await turns(lambda: all(r.follower.get(b).state is S.Assigning for b in (B1, B2)))
+            assert {r.follower.get(b).dst_broker for b in (B1, B2)} == {Y}
+            assert r.cleanup("orphan", "Success") == 4
         finally:
             duty.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -470,6 +505,7 @@ async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> No
     async with Harness(config=dataclasses.replace(QUIET, monitor=SETTINGS)) as h:
         a = await h.add("broker-a")
         b = await h.add("broker-b", auto_ack=False, fake_broker=True)
+        sweep_by_hand(b)
         await h.ready()
         await a.operations.assign(B1, a.me)
         await h.idle()
