@@ -156,12 +156,18 @@ class OwnershipReactor:
         if not (new is not None and new.state is _S.Releasing):
             self._released.pop(bundle, None)
         if (
-            names(new, self._me)
-            or names(result.old, self._me)
+            names(result.old, self._me)
             or self._link.serves(bundle)
             or bundle in self._splitting_children
+            or (names(new, self._me) and not self._only_announced_to_me(new))
         ):
             self._kick(bundle)
+
+    def _only_announced_to_me(self, new: ServiceUnitStateData | None) -> bool:
+        """Whether ``new`` names this broker only as where another broker's bundle is going
+        (a Releasing from another source): nothing to do until the Assigning that follows.
+        A leader's repair announces ten thousand such moves at once."""
+        return new is not None and new.state is _S.Releasing and new.source_broker != self._me
 
     async def _follow_link(self, events: AsyncGenerator[LinkEvent, None]) -> None:
         async with contextlib.aclosing(events):
