@@ -25,14 +25,13 @@ import signal
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 
-from bench.report import Figure, cuts, measurements_table
+from bench.report import Figure, cuts, drain, measurements_table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
@@ -42,7 +41,8 @@ from lbd.sim.workload import Workload, WorkloadSpec
 
 NAMESPACE = "bench/recovery"
 TIMEOUT_S = 300.0
-ASSIGN_CONCURRENCY = 32
+ASSIGN_CONCURRENCY = 4
+ASSIGN_PER_CALL = 256
 REPAIR_GOAL_S = 5.0
 
 
@@ -142,15 +142,29 @@ def figures(result: dict[str, float]) -> list[Figure]:
 
 
 def _assign_all(addr: str, bundles: int) -> None:
+    """Have every bundle assigned: LookupMany calls of ``ASSIGN_PER_CALL`` topics, one per
+    bundle, ``ASSIGN_CONCURRENCY`` calls in flight."""
     layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), bundles)
     workload = Workload(WorkloadSpec(topics_per_bundle=1))
     topics = [workload.topics(b.id)[0] for b in layout.bundles()]
-    with (
-        SidecarClient(addr, timeout_s=60) as client,
-        ThreadPoolExecutor(ASSIGN_CONCURRENCY) as pool,
-    ):
-        for _ in pool.map(client.lookup, topics):
-            pass
+    calls = [topics[i : i + ASSIGN_PER_CALL] for i in range(0, len(topics), ASSIGN_PER_CALL)]
+
+    async def assign_all() -> None:
+        async with grpc.aio.insecure_channel(addr) as channel:
+            stub = lbd_pb2_grpc.LoadBalancerStub(channel)
+
+            async def assign(chunk: list[str]) -> None:
+                request = lbd_pb2.LookupManyRequest(
+                    lookups=[lbd_pb2.LookupRequest(topic=t) for t in chunk]
+                )
+                reply = await stub.LookupMany(request, timeout=TIMEOUT_S)
+                for topic, result in zip(chunk, reply.results, strict=True):
+                    if result.answer.state != lbd_pb2.BUNDLE_STATE_OWNED:
+                        raise RuntimeError(f"{topic}: answered {result}, not Owned")
+
+            await drain(calls, assign, ASSIGN_CONCURRENCY)
+
+    asyncio.run(assign_all())
 
 
 async def _watch(
