@@ -26,13 +26,20 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
-from bench.report import Figure, cuts, drain, lookup_owned, measurements_table
+from bench.report import (
+    Figure,
+    cuts,
+    drain,
+    lookup_many_owned,
+    lookup_owned,
+    measurements_table,
+)
 from lbd.api.loadbalancer import MAX_LOOKUPS_PER_CALL
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
-from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
+from lbd.gen.v1 import lbd_pb2_grpc
 from lbd.sim.workload import Workload, WorkloadSpec
 
 NAMESPACE = "bench/assign"
@@ -96,13 +103,7 @@ async def _measure(addr: str, one_by_one: list[str], bulk: Bulk) -> dict[str, fl
             await lookup_owned(stub, topic)
 
         async def assign_many(topics: list[str]) -> None:
-            request = lbd_pb2.LookupManyRequest(
-                lookups=[lbd_pb2.LookupRequest(topic=t) for t in topics]
-            )
-            reply = await stub.LookupMany(request, timeout=60)
-            for topic, result in zip(topics, reply.results, strict=True):
-                if result.answer.state != lbd_pb2.BUNDLE_STATE_OWNED:
-                    raise RuntimeError(f"{topic}: answered {result}, not Owned")
+            await lookup_many_owned(stub, topics)
 
         # The first few make the client's connection and the sidecars' producers: not timed.
         await drain(one_by_one[:WARM_UP], assign, 1)

@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
-from bench.report import Figure, cuts, drain, measurements_table
+from bench.report import Figure, cuts, drain, lookup_many_owned, measurements_table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
@@ -154,13 +154,7 @@ def _assign_all(addr: str, bundles: int) -> None:
             stub = lbd_pb2_grpc.LoadBalancerStub(channel)
 
             async def assign(chunk: list[str]) -> None:
-                request = lbd_pb2.LookupManyRequest(
-                    lookups=[lbd_pb2.LookupRequest(topic=t) for t in chunk]
-                )
-                reply = await stub.LookupMany(request, timeout=TIMEOUT_S)
-                for topic, result in zip(chunk, reply.results, strict=True):
-                    if result.answer.state != lbd_pb2.BUNDLE_STATE_OWNED:
-                        raise RuntimeError(f"{topic}: answered {result}, not Owned")
+                await lookup_many_owned(stub, chunk)
 
             await drain(calls, assign, ASSIGN_CONCURRENCY)
 

@@ -66,6 +66,16 @@ async def lookup_owned(stub: lbd_pb2_grpc.LoadBalancerStub, topic: str) -> None:
         raise RuntimeError(f"{topic}: answered {reply.state}, not Owned")
 
 
+async def lookup_many_owned(stub: lbd_pb2_grpc.LoadBalancerStub, topics: Sequence[str]) -> None:
+    """One LookupMany of ``topics`` whose every answer must be Owned (RuntimeError otherwise,
+    naming the first topic that was not)."""
+    request = lbd_pb2.LookupManyRequest(lookups=[lbd_pb2.LookupRequest(topic=t) for t in topics])
+    reply = await stub.LookupMany(request, timeout=60)
+    for topic, result in zip(topics, reply.results, strict=True):
+        if result.answer.state != lbd_pb2.BUNDLE_STATE_OWNED:
+            raise RuntimeError(f"{topic}: answered {result}, not Owned")
+
+
 def cuts(values: Sequence[float]) -> tuple[float, float]:
     """The p50 and p99 of ``values`` (at least two), never outside their range."""
     percentiles = statistics.quantiles(values, n=100, method="inclusive")
