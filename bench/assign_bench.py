@@ -102,14 +102,13 @@ async def _measure(addr: str, one_by_one: list[str], bulk: Bulk) -> dict[str, fl
         async def assign(topic: str) -> None:
             await lookup_owned(stub, topic)
 
-        async def assign_many(topics: list[str]) -> None:
-            await lookup_many_owned(stub, topics)
-
         # The first few make the client's connection and the sidecars' producers: not timed.
         await drain(one_by_one[:WARM_UP], assign, 1)
         p50_ms, p99_ms = cuts((await drain(one_by_one[WARM_UP:], assign, 1)).latencies_ms)
         singly = await drain(bulk.singly, assign, bulk.concurrency)
-        many = await drain(bulk.calls, assign_many, bulk.calls_in_flight)
+        many = await drain(
+            bulk.calls, lambda topics: lookup_many_owned(stub, topics), bulk.calls_in_flight
+        )
     many_name = f"in bulk (LookupMany of {bulk.per_call}, {bulk.calls_in_flight} in flight)"
     return {
         "one at a time: p50 ms": p50_ms,

@@ -153,10 +153,7 @@ def _assign_all(addr: str, bundles: int) -> None:
         async with grpc.aio.insecure_channel(addr) as channel:
             stub = lbd_pb2_grpc.LoadBalancerStub(channel)
 
-            async def assign(chunk: list[str]) -> None:
-                await lookup_many_owned(stub, chunk)
-
-            await drain(calls, assign, ASSIGN_CONCURRENCY)
+            await drain(calls, lambda chunk: lookup_many_owned(stub, chunk), ASSIGN_CONCURRENCY)
 
     asyncio.run(assign_all())
 

@@ -25,7 +25,7 @@ MAX_NAMESPACE_NAME_LENGTH = 255
 PARTITION_SUFFIX = "-partition-"
 
 _ENTITY_ALLOWED = re.compile(r"[-=:.\w]", re.ASCII)
-_ENTITY_VALID = re.compile(r"[-=:.\w]+", re.ASCII)
+_ENTITY_VALID = re.compile(f"{_ENTITY_ALLOWED.pattern}+", re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """Unicode's control characters (category Cc): U+0000-U+001F and U+007F-U+009F."""
 _ENTITY_RULE = "letters, digits, '_', '-', '=', ':' and '.'"
@@ -109,26 +109,20 @@ class TopicName:
 
     def __post_init__(self) -> None:
         local = self.local_name
-        if (
-            local
-            and "/" not in local
-            and not _CONTROL.search(local)
-            and len(self._joined()) <= MAX_TOPIC_NAME_LENGTH
-        ):
-            return  # valid: the checks below say what is wrong otherwise
-        whole = f"topic name {self._joined()!r}"
-        if not self.local_name:
-            raise InvalidInputError(f"invalid {whole}: empty local name")
-        if "/" in self.local_name:
-            raise InvalidInputError(f"invalid {whole}: local name must not contain '/'")
-        if _CONTROL.search(self.local_name):
-            controls = sorted({c for c in self.local_name if unicodedata.category(c) == "Cc"})
+        if not local:
+            raise self._invalid("empty local name")
+        if "/" in local:
+            raise self._invalid("local name must not contain '/'")
+        if _CONTROL.search(local):
+            controls = sorted({c for c in local if unicodedata.category(c) == "Cc"})
             shown = ", ".join(repr(c) for c in controls)
-            raise InvalidInputError(f"invalid {whole}: local name has control characters {shown}")
+            raise self._invalid(f"local name has control characters {shown}")
         if len(self._joined()) > MAX_TOPIC_NAME_LENGTH:
-            raise InvalidInputError(
-                f"invalid {whole}: longer than {MAX_TOPIC_NAME_LENGTH} characters"
-            )
+            raise self._invalid(f"longer than {MAX_TOPIC_NAME_LENGTH} characters")
+
+    def _invalid(self, why: str) -> InvalidInputError:
+        """The error for this name, saying ``why`` (the name is quoted only when it is bad)."""
+        return InvalidInputError(f"invalid topic name {self._joined()!r}: {why}")
 
     def _joined(self) -> str:
         return f"{self.domain.value}://{self.namespace}/{self.local_name}"

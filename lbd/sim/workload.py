@@ -284,8 +284,8 @@ class _NamePool:
         return [key & _INDEX_MASK for key in self._keys[start:end]]
 
     def _grow(self, size: int) -> None:
-        prefix = self._prefix
-        fresh = [(topic_hash(f"{prefix}{j}") << _INDEX_BITS) | j for j in range(self._size, size)]
+        name = self.name
+        fresh = [(topic_hash(name(j)) << _INDEX_BITS) | j for j in range(self._size, size)]
         fresh.sort()
         self._keys = list(heapq.merge(self._keys, fresh))
         self._size = size

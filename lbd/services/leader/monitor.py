@@ -255,9 +255,9 @@ class OwnershipMonitor:
             if wake > now:
                 await self._clock.sleep(wake - now)
                 now = self._clock.monotonic()
-            if now < full_at - _SLACK_S and (
-                self._held or any(at <= now for at in self._due.values())
-            ):
+            # Only sweeps and passes, run by this loop, change ``_due``: ``due`` is still its
+            # earliest.
+            if now < full_at - _SLACK_S and (self._held or (due is not None and due <= now)):
                 await self.run_held(term)
                 last_pass = self._clock.monotonic()
 

@@ -115,6 +115,28 @@ class Rig:
             await self.follower.wait_applied(last)
         return report
 
+    async def orphans_announced(self, *bundles: BundleId) -> None:
+        """X, with ``bundles``, leaves Y alone; a sweep after the grace announces every one
+        of them moving to Y."""
+        await self.register(X, Y)
+        for bundle in bundles:
+            await self.write(bundle, S.Owned, dst=X)
+        await self.deregister(X)
+        await self.sweep()
+        await self.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        assert [f.state for f in (await self.sweep()).fixes] == [S.Releasing] * len(bundles)
+
+    @contextlib.asynccontextmanager
+    async def leading(self) -> AsyncIterator[None]:
+        """The monitor's leader duty runs within the block."""
+        duty = asyncio.ensure_future(self.monitor.run_leading(TERM))
+        try:
+            yield
+        finally:
+            duty.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await duty
+
     def cleanup(self, kind: str, result: str) -> float:
         return self.metrics.channel_cleanup_ops.labels(kind=kind, result=result)._value.get()
 
@@ -205,56 +227,34 @@ async def test_orphans_held_back_by_the_recovery_budget_go_as_soon_as_a_slot_is_
         QUIET.governor, recovery=Budget(per_broker=1, cluster=1, per_minute=0)
     )
     async with rig(one_at_a_time) as r:
-        await r.register(X, Y)
-        await r.write(B1, S.Owned, dst=X)
-        await r.write(B2, S.Owned, dst=X)
-        await r.deregister(X)
-        await r.sweep()
-        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
-        assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing, S.Releasing]
+        await r.orphans_announced(B1, B2)
         await r.clock.run_for(HANDOVER_S + 0.5)
         report = await r.sweep()
         assert [(f.bundle, f.state) for f in report.fixes] == [(B1, S.Assigning)]
         assert set(report.handing_over) == {B2}  # held back: the one slot is B1's
 
         # The leader duty's next sweep waits for room, not for the clock (which stands still).
-        duty = asyncio.ensure_future(r.monitor.run_leading(TERM))
-        try:
+        async with r.leading():
             for _ in range(50):
                 await asyncio.sleep(0)
             assert r.follower.get(B2).state is S.Releasing
             await r.write(B1, S.Owned, dst=Y, src=X)  # Y's sidecar took B1: its slot is free
             await turns(lambda: r.follower.get(B2).state is S.Assigning)
             assert r.follower.get(B2).dst_broker == Y
-        finally:
-            duty.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await duty
 
 
 async def test_the_leader_duty_hands_an_announced_move_over_when_its_wait_ends() -> None:
     # The duty's full sweeps are NEVER_S apart here: the hand-over comes from the pass the duty
     # runs when the announcement's wait ends, not from a sweep of the whole table.
     async with rig() as r:
-        await r.register(X, Y)
-        await r.write(B1, S.Owned, dst=X)
-        await r.write(B2, S.Owned, dst=X)
-        await r.deregister(X)
-        await r.sweep()
-        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
-        assert [f.state for f in (await r.sweep()).fixes] == [S.Releasing, S.Releasing]
-        duty = asyncio.ensure_future(r.monitor.run_leading(TERM))
-        try:
+        await r.orphans_announced(B1, B2)
+        async with r.leading():
             await r.clock.run_for(HANDOVER_S - 0.5)
             assert [r.follower.get(b).state for b in (B1, B2)] == [S.Releasing, S.Releasing]
             await r.clock.run_for(1.0)
             await turns(lambda: all(r.follower.get(b).state is S.Assigning for b in (B1, B2)))
             assert {r.follower.get(b).dst_broker for b in (B1, B2)} == {Y}
             assert r.cleanup("orphan", "Success") == 4
-        finally:
-            duty.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await duty
 
 
 async def test_held_back_orphans_go_without_a_full_sweep_each_on_the_value_it_was_held_on() -> None:
