@@ -10,7 +10,7 @@ states), so the number of series stays bounded.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Final, Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -113,6 +113,25 @@ class _FollowerCollector(Collector):
         yield family
 
 
+_Family = TypeVar("_Family", Counter, Gauge)
+
+
+class Series(Generic[_Family]):
+    """A labelled family's series, each made once: ``labels()`` validates its arguments and
+    takes a lock on every call, which adds up on paths that count every bundle's change."""
+
+    def __init__(self, family: _Family) -> None:
+        self._family: _Family = family
+        self._series: dict[tuple[str, ...], _Family] = {}
+
+    def __call__(self, *values: str) -> _Family:
+        """The series with these label values, in the family's label order."""
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = self._family.labels(*values)
+        return series
+
+
 class Metrics:
     """Every ``lbd_*`` family, registered on a registry of its own."""
 
@@ -151,8 +170,7 @@ class Metrics:
             ["feature"],
             registry=r,
         )
-        self._resource_usage_children: dict[str, Gauge] = {}
-        """``resource_usage``'s series by feature (a report sets all of them)."""
+        self._resource_usage_series = Series(self.resource_usage)
         self.resource_usage_stats = Gauge(
             "lbd_resource_usage_stats",
             "Average and standard deviation of the brokers' weighted max EMA load, as the "
@@ -181,12 +199,14 @@ class Metrics:
             ["state", "result"],
             registry=r,
         )
+        self._publish_series = Series(self.channel_publish_ops)
         self.channel_subscribe_ops = Counter(
             "lbd_channel_subscribe_ops",
             "Accepted state-channel changes this sidecar applied, by the new state.",
             ["state"],
             registry=r,
         )
+        self._applied_series = Series(self.channel_subscribe_ops)
         self.channel_cleanup_ops = Counter(
             "lbd_channel_cleanup_ops",
             "The leader monitor's overrides, by kind (orphan: owner left; inflight: stuck "
@@ -195,6 +215,8 @@ class Metrics:
             ["kind", "result"],
             registry=r,
         )
+        self.cleanup_series = Series(self.channel_cleanup_ops)
+        """``channel_cleanup_ops`` by kind and result, each series made once."""
         self.owned_bundles = Gauge(
             "lbd_owned_bundles",
             "Bundles Owned by this sidecar's broker in the channel table.",
@@ -263,18 +285,22 @@ class Metrics:
             ["budget"],
             registry=r,
         )
+        self.governor_queued_series = Series(self.governor_queued)
         self.governor_in_flight = Gauge(
             "lbd_governor_moves_in_flight",
             "Moves the execution governor admitted whose bundle has not settled yet, by budget.",
             ["budget"],
             registry=r,
         )
+        self.governor_in_flight_series = Series(self.governor_in_flight)
         self.governor_started = Counter(
             "lbd_governor_moves_started",
             "Moves the execution governor admitted, by budget.",
             ["budget"],
             registry=r,
         )
+        self.governor_started_series = Series(self.governor_started)
+        """The governor's families by budget, each series made once (set at every move)."""
         self.transfer_unavailable = Histogram(
             "lbd_transfer_unavailable_seconds",
             "Per transfer, the time no broker served the bundle: from the source broker's "
@@ -387,12 +413,8 @@ class Metrics:
             "bandwidth_in": u.bandwidth_in.percent() / 100.0,
             "bandwidth_out": u.bandwidth_out.percent() / 100.0,
         }
-        children = self._resource_usage_children
         for feature, value in values.items():
-            child = children.get(feature)
-            if child is None:
-                child = children[feature] = self.resource_usage.labels(feature=feature)
-            child.set(value)
+            self._resource_usage_series(feature).set(value)
 
     def observe_leadership(self, *, leading: bool, term: int | None) -> None:
         """Set the leader gauges: whether this sidecar leads, and the term it knows of."""
@@ -402,12 +424,12 @@ class Metrics:
     def observe_published(self, state: ServiceUnitState | None, *, ok: bool) -> None:
         """Count one proposal on the channel (``state`` None: a tombstone)."""
         label = TOMBSTONE_STATE if state is None else state.value
-        self.channel_publish_ops.labels(state=label, result=SUCCESS if ok else FAILURE).inc()
+        self._publish_series(label, SUCCESS if ok else FAILURE).inc()
 
     def observe_applied(self, state: ServiceUnitState | None) -> None:
         """Count one accepted channel change (``state`` None: a tombstone)."""
         label = TOMBSTONE_STATE if state is None else state.value
-        self.channel_subscribe_ops.labels(state=label).inc()
+        self._applied_series(label).inc()
 
     def observe_audit(self, counts: Mapping[FindingKind, int], at_ms: int | None) -> None:
         """Set ``lbd_audit_findings`` to ``counts`` (every kind); with ``at_ms``, count one

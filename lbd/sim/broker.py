@@ -146,6 +146,7 @@ class SimBroker(BrokerHandler):
     async def own(self, bundle: BundleId) -> str | None:
         """Serve ``bundle`` from now (while the lease is valid)."""
         if bundle not in self._served:
+            self._workload.prepare(bundle)
             self._served.add(bundle)
             self._record("own", bundle)
         return None

@@ -213,6 +213,13 @@ class Workload:
             bundles=traffic,
         )
 
+    def prepare(self, bundle: BundleId) -> None:
+        """Work out the bundle's topics now rather than at its first sample. The first bundle of
+        a namespace builds the namespace's pool of candidate names: 50 ms for 4,000 bundles,
+        0.1 s for 10,000, which a broker spends once, on the Own that brought it the namespace,
+        rather than in a load report at some later instant."""
+        self._topics_of(bundle)
+
     def _topics_of(self, bundle: BundleId) -> tuple[_SimTopic, ...]:
         cached = self._topics.get(bundle)
         if cached is None:
@@ -249,8 +256,11 @@ class _NamePool:
     one costs about (hash space / bundle width) hashes per topic, every bundle afresh: seconds per
     bundle in a namespace of many thousand bundles. The pool hashes each candidate once for the
     whole namespace and finds a range's candidates by bisection. It grows until a range holds
-    enough of them, up to ``MAX_NAME_PROBES``: at once to about twice the candidates a range of
-    that width needs on average, so that one growth usually serves every bundle of a namespace.
+    enough of them, up to ``MAX_NAME_PROBES``: at once to ``_POOL_HEADROOM`` times the candidates
+    a range of that width needs on average, so that one growth serves every bundle of a namespace.
+    With twice as many, a range came up short now and then (one in 400 on average), and the
+    next growth (four times the pool, 50 ms for a namespace of 4,000 bundles) stalled the
+    broker's event loop in the middle of a benchmark.
     Whatever its size, the names are the same as probing gives. Each candidate is kept as one
     integer, its hash above its ``j``, so that sorting and bisecting compare plain integers.
     """
@@ -273,7 +283,7 @@ class _NamePool:
             if len(found) >= count or self._size >= MAX_NAME_PROBES:
                 return sorted(found)[:count]
             width = bundle.range.hi - bundle.range.lo + 1
-            needed = 2 * (count + 2) * (FULL_UPPER + 1) // width
+            needed = _POOL_HEADROOM * (count + 2) * (FULL_UPPER + 1) // width
             self._grow(min(MAX_NAME_PROBES, max(self._size * 4, needed, 1024)))
 
     def _in(self, bundle: Bundle) -> list[int]:
@@ -291,5 +301,8 @@ class _NamePool:
         self._size = size
 
 
+_POOL_HEADROOM = 8
+"""A range holds this many times the candidates it needs on average once the pool grew for it:
+short by chance (Poisson) less than once in 10^10 ranges for one topic each, less for more."""
 _INDEX_BITS = MAX_NAME_PROBES.bit_length()
 _INDEX_MASK = (1 << _INDEX_BITS) - 1

@@ -188,7 +188,7 @@ class ExecutionGovernor:
         self._books.start(ticket, self.clock.monotonic())
         slot = Slot(self, ticket, 0 if value is None else value.version_id)
         self._slots[ticket.bundle] = slot
-        self._metrics.governor_started.labels(budget=ticket.kind.value).inc()
+        self._metrics.governor_started_series(ticket.kind.value).inc()
         self._gauge(ticket.kind)
         return slot
 
@@ -281,5 +281,5 @@ class ExecutionGovernor:
                     self.give_back(bundle)
 
     def _gauge(self, kind: MoveKind) -> None:
-        self._metrics.governor_queued.labels(budget=kind.value).set(len(self._queues[kind]))
-        self._metrics.governor_in_flight.labels(budget=kind.value).set(self._books.in_flight(kind))
+        self._metrics.governor_queued_series(kind.value).set(len(self._queues[kind]))
+        self._metrics.governor_in_flight_series(kind.value).set(self._books.in_flight(kind))

@@ -721,4 +721,4 @@ class OwnershipMonitor:
         return self._follower.table.highest_term > term
 
     def _count(self, kind: str, result: str) -> None:
-        self._metrics.channel_cleanup_ops.labels(kind=kind, result=result).inc()
+        self._metrics.cleanup_series(kind, result).inc()
