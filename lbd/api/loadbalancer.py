@@ -145,7 +145,7 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
             # Before the link sees the Hello: a refused caller disturbs no session.
             await self._check_identity(first.hello.broker_id, context)
         _log.info("broker session opened from %s", peer)
-        incoming = (convert.broker_message_from_proto(m) async for m in _prepend(first, messages))
+        incoming = convert.broker_messages_from_proto(_prepend(first, messages))
         try:
             async for command in self._link.session(incoming):
                 yield convert.sidecar_message_to_proto(command)

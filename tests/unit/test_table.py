@@ -347,6 +347,48 @@ def test_overlaps_owners_and_holders_follow_the_values(
         assert all(v == table.get(b) for b, v in table.overlapping(query))
 
 
+_C = BrokerId("c:8080")
+_brokers = st.sampled_from([A, B, _C])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from([X, Y, BundleId("t/m/0x00000000_0xffffffff")]),
+            st.sampled_from([S.Owned, S.Assigning, S.Releasing, S.Splitting, S.Free, None]),
+            _brokers,
+        ),
+        max_size=40,
+    ),
+    live=st.sets(_brokers),
+)
+def test_the_bundles_owned_by_each_broker_and_by_none_follow_the_values(
+    steps: list[tuple[BundleId, ServiceUnitState | None, BrokerId]], live: set[BrokerId]
+) -> None:
+    # What the leader's sweep checks: every bundle whose value is not Owned by a live broker,
+    # kept as values come, change owner and go; a checkpoint's table answers the same.
+    table = StateTable()
+
+    def expected(t: StateTable) -> set[BundleId]:
+        return {b for b, v in t.items() if not (v.state is S.Owned and v.dst_broker in live)}
+
+    for entry, (bundle, state, broker) in enumerate(steps, 1):
+        current = table.get(bundle)
+        version = 1 if current is None else current.version_id + 1
+        new = None if state is None else value(state, version, dst=broker, src=broker, force=True)
+        table.apply(pos(entry), bundle, encode_value(new))
+        found = table.not_owned_by(live)
+        assert len(found) == len(set(found))
+        assert set(found) == expected(table)
+        assert dict(table.unowned()) == {b: v for b, v in table.items() if v.state is not S.Owned}
+        for broker in (A, B, _C):
+            owned = {b for b, v in table.items() if v.state is S.Owned and v.dst_broker == broker}
+            assert set(table.owned_by(broker)) == owned
+    restored = StateTable.from_snapshot(json.loads(json.dumps(table.snapshot())))
+    assert set(restored.not_owned_by(live)) == expected(table)
+
+
 def test_a_key_that_is_no_bundle_id_overlaps_nothing() -> None:
     table = StateTable()
     table.apply(pos(1), BundleId("t/n/not-a-range"), encode_value(value(S.Owned, 1, dst=A)))

@@ -190,8 +190,8 @@ class OwnershipReactor:
             if self._fenced or not (self._link.attached or self._link.auto_ack):
                 continue
             served = self._link.served()
-            for bundle, value in self._follower.table.items():
-                if owner_of(value) == self._me and bundle not in served:
+            for bundle in self._follower.table.owned_by(self._me):
+                if bundle not in served:
                     self._kick(bundle)
 
     # -- per-bundle work ---------------------------------------------------------------------

@@ -131,7 +131,7 @@ class SplitScheduler:
             owned=owned,
             bundle_counts=counts,
             max_bundles=limits,
-            splitting=[b for b, v in table.items() if v.state is ServiceUnitState.Splitting],
+            splitting=[b for b, v in table.unowned() if v.state is ServiceUnitState.Splitting],
             topics=_OwnedTopics(report, owned),
         )
 

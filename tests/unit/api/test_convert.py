@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import pytest
 
 from lbd.api import convert
@@ -120,6 +123,54 @@ def test_a_load_report_s_topic_stats_are_checked_at_once_and_made_when_asked() -
     )
     with pytest.raises(InvalidInputError, match="msg_rate and msg_throughput must be >= 0"):
         convert.load_report_from_proto(bad)
+
+
+async def test_a_broker_s_stream_converts_a_large_report_a_slice_at_a_time() -> None:
+    # A report of a broker with thousands of bundles must not hold up the sidecar's lookups:
+    # the event loop runs between slices, and the report is the one converted at once.
+    count = 3 * convert.LOAD_SLICE
+    stats = [
+        lbd_pb2.BundleStats(
+            bundle=f"public/big/0x{i:08x}_0x{i + 1:08x}",
+            msg_rate_in=i,
+            topics=1,
+            topic_stats=[lbd_pb2.TopicStats(topic=f"persistent://public/big/t{i}", msg_rate=i)],
+        )
+        for i in range(count)
+    ]
+    report = lbd_pb2.LoadReport(bundles=stats)
+    hello = lbd_pb2.BrokerMessage(hello=lbd_pb2.BrokerInfo(broker_id="b1"))
+
+    async def stream(*messages: lbd_pb2.BrokerMessage) -> AsyncIterator[lbd_pb2.BrokerMessage]:
+        for message in messages:
+            yield message
+
+    turns = 0
+    done = False
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counting = asyncio.ensure_future(count_turns())
+    await asyncio.sleep(0)
+    converted = [
+        m
+        async for m in convert.broker_messages_from_proto(
+            stream(hello, lbd_pb2.BrokerMessage(load=report))
+        )
+    ]
+    done = True
+    await counting
+    assert turns >= 3
+    assert isinstance(converted[0], Hello)
+    assert converted[1] == convert.load_report_from_proto(report)
+    stats[-1].topic_stats[0].msg_rate = -1  # in the last slice: the report is refused still
+    bad = lbd_pb2.BrokerMessage(load=lbd_pb2.LoadReport(bundles=stats))
+    with pytest.raises(InvalidInputError, match="msg_rate and msg_throughput must be >= 0"):
+        [m async for m in convert.broker_messages_from_proto(stream(bad))]
 
 
 def test_load_report_with_a_bad_bundle_names_the_field() -> None:

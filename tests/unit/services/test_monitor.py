@@ -529,21 +529,23 @@ async def test_an_orphan_ends_owned_by_a_live_broker_through_its_reactor() -> No
 
 
 async def test_a_sweep_of_a_large_table_lets_the_event_loop_run_between_slices() -> None:
-    # A sweep of 100k bundles is a few hundred milliseconds of checks; lookups and keepalives
-    # must not wait for all of it. Here: 3 slices of Owned bundles, one orphan at the end.
+    # When a broker with 100k bundles is gone, checking them is a few hundred milliseconds;
+    # lookups and keepalives must not wait for all of it. Here: 3 slices of bundles Owned by
+    # Z, which never registered (orphans once the grace ends), and one more at the end.
     async with rig() as r:
         await r.register(X, Y)
         count = 3 * SWEEP_SLICE
-        for i in range(count):
+        big = [BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}") for i in range(count)]
+        for bundle in big:
             await r.writer.publish(
-                BundleId(f"public/big/0x{i:08x}_0x{i + 1:08x}"),
+                bundle,
                 encode_value(
                     ServiceUnitStateData(
-                        state=S.Owned, version_id=1, dst_broker=X, timestamp_ms=r.clock.now_ms()
+                        state=S.Owned, version_id=1, dst_broker=Z, timestamp_ms=r.clock.now_ms()
                     )
                 ),
             )
-        await r.write(B1, S.Owned, dst=Z)  # Z never registered: an orphan once the grace ends
+        await r.write(B1, S.Owned, dst=Z)
         turns_during: list[int] = [0]
         sweeping = asyncio.ensure_future(r.monitor.run_once(TERM))
 
@@ -556,4 +558,7 @@ async def test_a_sweep_of_a_large_table_lets_the_event_loop_run_between_slices()
         assert turns_during[0] >= 3  # one at least after every slice
         assert sweeping.result().waiting == {Z: 0.0}
         await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
-        assert [(f.bundle, f.state) for f in (await r.sweep()).fixes] == [(B1, S.Releasing)]
+        fixes = (await r.sweep()).fixes
+        assert sorted((f.bundle, f.state) for f in fixes) == sorted(
+            (b, S.Releasing) for b in [*big, B1]
+        )
