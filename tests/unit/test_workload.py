@@ -172,7 +172,7 @@ def test_one_growth_of_the_name_pool_serves_every_bundle_of_a_namespace(
     assert len(sizes) == 1
 
 
-async def test_a_simulated_broker_works_out_a_bundle_s_topics_when_it_owns_it(
+async def test_a_simulated_broker_builds_a_namespace_s_names_when_it_owns_a_bundle_of_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Not in a later load report: the pool a namespace's first bundle builds is built while
