@@ -141,7 +141,8 @@ class StateTable:
         """:func:`holder` of every bundle that has one, kept as values change."""
         self._owned_by: dict[BrokerId, dict[BundleId, None]] = {}
         """The bundles each owner owns (``_owners`` turned around), each in a dict as an
-        ordered set: iterated in the same order on every sidecar that applied the same values."""
+        ordered set: iterated in the order the bundles came, not in an order a set's hashing
+        would give, which changes between processes (a simulation replays its seed exactly)."""
         self._unowned: dict[BundleId, None] = {}
         """Every bundle with a value and no owner (in flight, Free, Deleted), as an ordered set."""
         self._last: ChannelPosition | None = None
