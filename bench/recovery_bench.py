@@ -89,7 +89,8 @@ def _measure(cluster: DevCluster, bundles: int) -> dict[str, float]:
         # the kill rather than on the first orphan it takes.
         client.create_namespace(NAMESPACE, bundles + len(others))
         layout = NamespaceBundles.default(NamespaceName.parse(NAMESPACE), bundles + len(others))
-        orphans, warm = layout.bundles()[:bundles], layout.bundles()[bundles:]
+        every = layout.bundles()
+        orphans, warm = every[:bundles], every[bundles:]
         started = time.monotonic()
         _assign_all(first.grpc_addr, orphans)
         assign_s = time.monotonic() - started
