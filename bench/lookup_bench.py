@@ -1,11 +1,17 @@
 """Owned Lookups on a sidecar against the gRPC ceiling: lbd beside a trivial server, in one run.
 
-``python -m bench.lookup_bench [--lookups N] [--rounds N]`` starts a 3-broker dev cluster of its
-own, owns every bundle of a namespace, records the LookupResponse bytes the sidecar gives for each
-topic, and starts :mod:`bench.trivial_server` answering those same bytes from a dict. The same
-grpc.aio client then drives both, alternating, at each concurrency; each figure is the median of
-``rounds`` runs, and the ratio is lbd / trivial (throughput: 1.0 is the ceiling; latency: 1.0 is
-as fast as the ceiling). :func:`figures` sets them against the goals (README "Benchmarks").
+``python -m bench.lookup_bench [--topics N] [--pairs N] [--per-pass N]`` starts a 3-broker dev
+cluster of its own, owns every bundle of a namespace, records the LookupResponse bytes the sidecar
+gives for each of ``topics`` topics, and starts :mod:`bench.trivial_server` answering those same
+bytes from a dict. The same grpc.aio client then drives both at each concurrency in ``pairs``
+pairs of passes of ``per_pass`` lookups, one server right after the other, the order alternating
+from pair to pair. Short passes, closely interleaved, and many of them: on this 2-core machine
+one pass of a second or less runs up to a fifth faster or slower than the next on the same
+server, and a few long rounds set one slow stretch against the other server's fast one.
+
+Throughput is the median over a server's passes, and the ratio lbd / trivial (1.0 is the
+ceiling); the p99 is taken over all of a server's latencies at that concurrency together.
+:func:`figures` sets them against the goals (README "Benchmarks").
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from bench.report import Figure, cuts, drain
+from bench.report import Drained, Figure, cuts, drain
 from bench.trivial_server import METHOD, SERVICE, write_responses
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
@@ -58,13 +64,14 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Medians:
-    """Medians over the rounds, by concurrency, for lbd and for the trivial server."""
+    """By concurrency, for lbd and for the trivial server: the median throughput of the passes,
+    and the p99 of their latencies together."""
 
     lbd: dict[int, Run]
     trivial: dict[int, Run]
 
 
-def run(*, lookups: int = 4_000, rounds: int = 3) -> Medians:
+def run(*, topics: int = 4_000, pairs: int = 16, per_pass: int = 1_000) -> Medians:
     """Start a dev cluster and the trivial server, measure both, stop them."""
     with tempfile.TemporaryDirectory(prefix="lbd-bench-lookup-") as tmp:
         state_dir = Path(tmp) / "dev"
@@ -72,14 +79,14 @@ def run(*, lookups: int = 4_000, rounds: int = 3) -> Medians:
         try:
             addr = cluster.nodes[0].grpc_addr
             rng = random.Random(0)
-            topics = [f"persistent://{NAMESPACE}/t-{rng.randrange(10**9)}" for _ in range(lookups)]
+            names = [f"persistent://{NAMESPACE}/t-{rng.randrange(10**9)}" for _ in range(topics)]
             with SidecarClient(addr, timeout_s=30) as client:
                 client.create_namespace(NAMESPACE, BUNDLES)
-            responses = asyncio.run(_responses(addr, topics))
+            responses = asyncio.run(_responses(addr, names))
             responses_file = Path(tmp) / "responses.bin"
             write_responses(responses_file, responses)
             with _trivial_server(Path(tmp), responses_file) as trivial_addr:
-                return asyncio.run(_measure(addr, trivial_addr, topics, rounds))
+                return asyncio.run(_measure(addr, trivial_addr, names, pairs, per_pass))
         finally:
             down(state_dir)
 
@@ -131,9 +138,11 @@ def _trivial_server(tmp: Path, responses: Path) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-async def _measure(addr: str, trivial_addr: str, topics: list[str], rounds: int) -> Medians:
+async def _measure(
+    addr: str, trivial_addr: str, topics: list[str], pairs: int, per_pass: int
+) -> Medians:
     requests = [_request(t) for t in topics]
-    samples: dict[str, dict[int, list[Run]]] = {"lbd": {}, "trivial": {}}
+    passes: dict[str, dict[int, list[Drained]]] = {"lbd": {}, "trivial": {}}
     async with (
         grpc.aio.insecure_channel(addr) as lbd_channel,
         grpc.aio.insecure_channel(trivial_addr) as trivial_channel,
@@ -141,31 +150,30 @@ async def _measure(addr: str, trivial_addr: str, topics: list[str], rounds: int)
         calls = {"lbd": _raw_lookup(lbd_channel), "trivial": _raw_lookup(trivial_channel)}
         for call in calls.values():  # warm both channels up
             await _pass(call, requests[:200], 8)
-        for i in range(rounds):
-            for concurrency in CONCURRENCIES:
-                order = ("lbd", "trivial") if i % 2 == 0 else ("trivial", "lbd")
-                for name in order:
-                    result = await _pass(calls[name], requests, concurrency)
-                    samples[name].setdefault(concurrency, []).append(result)
+        at = 0
+        for concurrency in CONCURRENCIES:
+            for i in range(pairs):
+                chunk = [requests[(at + j) % len(requests)] for j in range(per_pass)]
+                at += per_pass
+                for name in ("lbd", "trivial") if i % 2 == 0 else ("trivial", "lbd"):
+                    drained = await _pass(calls[name], chunk, concurrency)
+                    passes[name].setdefault(concurrency, []).append(drained)
     return Medians(
-        lbd={c: _median(runs) for c, runs in samples["lbd"].items()},
-        trivial={c: _median(runs) for c, runs in samples["trivial"].items()},
+        lbd={c: _summary(runs) for c, runs in passes["lbd"].items()},
+        trivial={c: _summary(runs) for c, runs in passes["trivial"].items()},
     )
 
 
 async def _pass(
     call: grpc.aio.UnaryUnaryMultiCallable, requests: list[bytes], concurrency: int
-) -> Run:
-    drained = await drain(requests, lambda request: call(request, timeout=30), concurrency)
-    _, p99_ms = cuts(drained.latencies_ms)
-    return Run(per_s=drained.per_s, p99_ms=p99_ms)
+) -> Drained:
+    return await drain(requests, lambda request: call(request, timeout=30), concurrency)
 
 
-def _median(runs: list[Run]) -> Run:
-    return Run(
-        per_s=statistics.median(r.per_s for r in runs),
-        p99_ms=statistics.median(r.p99_ms for r in runs),
-    )
+def _summary(passes: list[Drained]) -> Run:
+    """The median throughput of ``passes`` and the p99 of all their latencies."""
+    _, p99_ms = cuts([ms for p in passes for ms in p.latencies_ms])
+    return Run(per_s=statistics.median(p.per_s for p in passes), p99_ms=p99_ms)
 
 
 def table(medians: Medians) -> Table:
@@ -211,10 +219,11 @@ def figures(medians: Medians) -> list[Figure]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.lookup_bench", description=__doc__)
-    parser.add_argument("--lookups", type=int, default=4_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--topics", type=int, default=4_000)
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--per-pass", type=int, default=1_000)
     args = parser.parse_args()
-    Console().print(table(run(lookups=args.lookups, rounds=args.rounds)))
+    Console().print(table(run(topics=args.topics, pairs=args.pairs, per_pass=args.per_pass)))
 
 
 if __name__ == "__main__":

@@ -164,6 +164,41 @@ def lookup_response(result: LookupResult) -> lbd_pb2.LookupResponse:
     return response
 
 
+LOOKUP_RESPONSES_KEPT: Final = 65_536
+"""Bundles whose last answer :class:`LookupResponses` keeps (emptied when it reaches this)."""
+
+
+class LookupResponses:
+    """Lookup answers made once per bundle and owner, not once per call.
+
+    Each bundle's last answer is kept with what it was made from, and given again while a lookup
+    finds the same state, the same owner id and the very same registration object (the registry
+    replaces the object when a broker registers anew). The messages given out are shared: whoever
+    takes one only reads it (grpc serializes it; a ``LookupResult`` copies it)."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[BundleId, tuple[LookupResult, lbd_pb2.LookupResponse]] = {}
+
+    def of(self, result: LookupResult) -> lbd_pb2.LookupResponse:
+        """The answer to give for ``result``."""
+        kept = self._kept.get(result.bundle)
+        if kept is not None:
+            made_from, response = kept
+            if (
+                made_from.owner is result.owner
+                and made_from.state is result.state
+                and made_from.owner_id == result.owner_id
+            ):
+                return response
+        response = lookup_response(result)
+        if len(self._kept) >= LOOKUP_RESPONSES_KEPT:
+            self._kept.clear()
+        self._kept[result.bundle] = (result, response)
+        return response
+
+
 # -- the broker session ----------------------------------------------------------------------
 
 

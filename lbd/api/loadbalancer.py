@@ -71,13 +71,20 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
         self._follower = follower
         self._link = link
         self._authenticator = authenticator
+        self._responses = convert.LookupResponses()
 
     async def Lookup(
         self, request: lbd_pb2.LookupRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.LookupResponse:
-        """The topic's bundle and owner; assigns the bundle unless ``read_only``."""
-        result = await self._lookup.lookup(request.topic, read_only=request.read_only)
-        return convert.lookup_response(result)
+        """The topic's bundle and owner; assigns the bundle unless ``read_only``.
+
+        Most calls ask for an Owned bundle of a topic asked for before: they are answered from
+        memory without a coroutine of their own (:meth:`LookupService.answer_now`), with an
+        answer made once per bundle and owner (:class:`~lbd.api.convert.LookupResponses`)."""
+        result = self._lookup.answer_now(request.topic)
+        if result is None:
+            result = await self._lookup.lookup(request.topic, read_only=request.read_only)
+        return self._responses.of(result)
 
     async def LookupMany(
         self, request: lbd_pb2.LookupManyRequest, context: grpc.aio.ServicerContext
@@ -94,7 +101,9 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
             *(self._lookup.lookup(r.topic, read_only=r.read_only) for r in request.lookups),
             return_exceptions=True,
         )
-        return lbd_pb2.LookupManyResponse(results=[_lookup_result(o) for o in outcomes])
+        return lbd_pb2.LookupManyResponse(
+            results=[_lookup_result(o, self._responses) for o in outcomes]
+        )
 
     async def WatchOwnership(
         self, request: lbd_pb2.WatchOwnershipRequest, context: grpc.aio.ServicerContext
@@ -243,9 +252,11 @@ async def _with_beats(
         await cancel_and_wait(pumping)
 
 
-def _lookup_result(outcome: LookupResult | BaseException) -> lbd_pb2.LookupResult:
+def _lookup_result(
+    outcome: LookupResult | BaseException, responses: convert.LookupResponses
+) -> lbd_pb2.LookupResult:
     if isinstance(outcome, LookupResult):
-        return lbd_pb2.LookupResult(answer=convert.lookup_response(outcome))
+        return lbd_pb2.LookupResult(answer=responses.of(outcome))
     if not isinstance(outcome, Exception):
         raise outcome  # a cancellation: the call's, never one lookup's alone
     code, message = failure_of(_LOOKUP_MANY, outcome)

@@ -134,6 +134,22 @@ class LookupService:
         self._located[topic] = (record, bundle)
         return name.namespace, bundle
 
+    def answer_now(self, topic: str) -> LookupResult | None:
+        """:meth:`lookup`'s answer when it needs nothing but memory: ``topic`` was located in
+        the cached layout before and its bundle is Owned. None otherwise (then :meth:`lookup`
+        answers). Raises UnavailableError as :meth:`lookup` does (fenced, and the owner is this
+        sidecar's broker). Most lookups are this, and a call without a coroutine costs less."""
+        hit = self._located.get(topic)
+        if hit is None:
+            return None
+        record, bundle = hit
+        if self._namespaces.cached(record.name) is not record:
+            return None
+        value = self._follower.get(bundle)
+        if value is None or value.state is not _S.Owned:
+            return None
+        return self._answer(bundle, value)
+
     async def lookup(self, topic: str, *, read_only: bool = False) -> LookupResult:
         """The bundle of ``topic`` and its owner, assigning the bundle when it has none.
 
@@ -142,6 +158,9 @@ class LookupService:
         (not Owned in time), UnavailableError (safe mode and an assignment is needed; fenced
         and this broker is the owner; no broker available).
         """
+        answer = self.answer_now(topic)
+        if answer is not None:
+            return answer
         for _ in range(MAX_LAYOUT_RETRIES):
             namespace, bundle = await self._locate(topic)
             value = self._follower.get(bundle)

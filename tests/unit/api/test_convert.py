@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -26,6 +27,7 @@ from lbd.core.namespace import IsolationPolicy, NamespacePolicies
 from lbd.core.shedding import DecisionReason, SheddingResult, SkipReason, UnloadDecision
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.gen.v1 import lbd_pb2
+from lbd.services.sidecar.lookup import LookupResult
 
 BUNDLE = BundleId("public/default/0x00000000_0x40000000")
 INFO = BrokerInfo(
@@ -300,3 +302,45 @@ def test_rebalance_response_of_decisions_and_of_a_skip() -> None:
         (BUNDLE, "b1", "", "Overloaded")
     ]
     assert moved.skip_reason == "" and skipped.skip_reason == "HitCount"
+
+
+def test_lookup_responses_are_made_once_per_bundle_and_owner_registration() -> None:
+    responses = convert.LookupResponses()
+    owned = LookupResult(BUNDLE, ServiceUnitState.Owned, INFO, INFO.broker_id)
+    first = responses.of(owned)
+    assert first == convert.lookup_response(owned)
+    # The same state, owner and registration object: the very same message.
+    assert responses.of(LookupResult(BUNDLE, ServiceUnitState.Owned, INFO, INFO.broker_id)) is first
+    # A new registration of the owner (an equal one too), another owner, another state, an
+    # owner no longer registered: each a new answer, equal to what conversion makes.
+    moved = dataclasses.replace(INFO, service_url="pulsar://elsewhere:6650")
+    other = dataclasses.replace(INFO, broker_id=BrokerId("b2"))
+    for result in (
+        LookupResult(BUNDLE, ServiceUnitState.Owned, moved, INFO.broker_id),
+        LookupResult(BUNDLE, ServiceUnitState.Owned, dataclasses.replace(moved), INFO.broker_id),
+        LookupResult(BUNDLE, ServiceUnitState.Owned, other, other.broker_id),
+        LookupResult(BUNDLE, ServiceUnitState.Owned, None, other.broker_id),
+        LookupResult(BUNDLE, ServiceUnitState.Free),
+    ):
+        answer = responses.of(result)
+        assert answer is not first
+        assert answer == convert.lookup_response(result), result
+        first = answer
+
+
+def test_lookup_responses_keep_a_bounded_number_of_bundles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(convert, "LOOKUP_RESPONSES_KEPT", 3)
+    responses = convert.LookupResponses()
+    results = [
+        LookupResult(
+            BundleId(f"public/default/0x0000000{i}_0x0000000{i + 1}"), ServiceUnitState.Free
+        )
+        for i in range(4)
+    ]
+    made = [responses.of(r) for r in results]
+    assert len(responses._kept) == 1  # emptied at the bound, then the fourth kept
+    assert responses.of(results[3]) is made[3]
+    assert responses.of(results[0]) is not made[0]
+    assert responses.of(results[0]) == made[0]

@@ -60,6 +60,9 @@ async def test_a_sidecar_cut_off_from_etcd_and_the_channel_closes_every_bundle()
         # The table still says a owns them; a's sidecar never answers itself now.
         with pytest.raises(UnavailableError, match="fenced"):
             await a.lookup.lookup(topic_in(BUNDLES[0]))
+        # Nor from memory, now that the topic's bundle is located.
+        with pytest.raises(UnavailableError, match="fenced"):
+            a.lookup.answer_now(topic_in(BUNDLES[0]))
         assert b.broker.serving == set()
 
 

@@ -39,6 +39,40 @@ async def test_a_new_topic_is_assigned_then_answered_from_the_table() -> None:
         assert len(h.log) == messages  # answered from the table: nothing written
 
 
+async def test_an_answer_from_memory_only_for_a_located_topic_of_an_owned_bundle() -> None:
+    async with Harness() as h:
+        a, b = await h.start(2)
+        assert a.lookup.answer_now(TOPIC) is None  # never located
+        first = await a.lookup.lookup(TOPIC)
+        await h.idle()
+        assert a.lookup.answer_now(TOPIC) == first
+        # Located, but not Owned: Init, then in flight, then Owned.
+        other = next(
+            f"persistent://public/default/o{i}"
+            for i in range(100)
+            if bundle_of(f"persistent://public/default/o{i}") != first.bundle
+        )
+        assert (await b.lookup.lookup(other, read_only=True)).state is ServiceUnitState.Init
+        assert b.lookup.answer_now(other) is None
+        ghost = BrokerId("ghost")
+        await a.proposer.propose(bundle_of(other), ServiceUnitState.Assigning, dst=ghost)
+        await h.idle()
+        assert b.lookup.answer_now(other) is None
+        await a.proposer.propose(bundle_of(other), ServiceUnitState.Owned, dst=ghost)
+        await h.idle()
+        answer = b.lookup.answer_now(other)
+        assert answer is not None and (answer.owner_id, answer.owner) == (ghost, None)
+        moved = await b.lookup.lookup(TOPIC)
+        # A split replaces the layout: the topic is located again by a lookup.
+        outcome = await h[moved.owner_id].operations.split(first.bundle, "range_equally_divide")
+        await h.idle()
+        await b.namespaces.refresh(DEFAULT_NAMESPACE)
+        assert b.lookup.answer_now(TOPIC) is None
+        after = await b.lookup.lookup(TOPIC)
+        assert after.bundle in outcome.children
+        assert b.lookup.answer_now(TOPIC) == after
+
+
 async def test_concurrent_lookups_on_one_sidecar_share_one_proposal() -> None:
     async with Harness() as h:
         a, _b = await h.start(2)
