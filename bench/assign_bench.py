@@ -8,9 +8,12 @@ channel shows it. Measured through one sidecar with the same grpc.aio client:
 
 - one at a time (the first ``sequential`` bundles, after ``WARM_UP`` untimed): latency p50
   and p99;
-- in bulk, half of the other bundles by ``concurrency`` Lookups in flight, the other half by
-  ``LookupMany`` calls of ``per_call`` lookups, ``calls_in_flight`` at a time: assignments per
-  second each way.
+- in bulk, a third of the other bundles each way: by ``concurrency`` Lookups in flight; by the
+  same ``concurrency`` callers each looking up one topic at a time through the broker library's
+  :class:`~lbd.broker.LookupBatcher` (which sends what they ask for in one turn as one
+  ``LookupMany``, ``calls_in_flight`` calls at a time); and by ``LookupMany`` calls of
+  ``per_call`` lookups made by the benchmark itself, ``calls_in_flight`` at a time: assignments
+  per second each way.
 
 :func:`figures` sets the p99 and the bulk rates against their goals (README "Benchmarks").
 """
@@ -35,11 +38,12 @@ from bench.report import (
     measurements_table,
 )
 from lbd.api.loadbalancer import MAX_LOOKUPS_PER_CALL
+from lbd.broker import LookupBatcher
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
-from lbd.gen.v1 import lbd_pb2_grpc
+from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.sim.workload import Workload, WorkloadSpec
 
 NAMESPACE = "bench/assign"
@@ -73,9 +77,10 @@ def run(
             workload = Workload(WorkloadSpec(topics_per_bundle=1))
             topics = [workload.topics(b.id)[0] for b in layout.bundles()]
             first, rest = topics[:sequential], topics[sequential:]
-            half = len(rest) // 2
-            calls = [rest[i : i + per_call] for i in range(half, len(rest), per_call)]
-            bulk = Bulk(rest[:half], concurrency, calls, calls_in_flight)
+            third = len(rest) // 3
+            many = rest[2 * third :]
+            calls = [many[i : i + per_call] for i in range(0, len(many), per_call)]
+            bulk = Bulk(rest[:third], rest[third : 2 * third], concurrency, calls, calls_in_flight)
             return asyncio.run(_measure(addr, first, bulk))
         finally:
             down(state_dir)
@@ -83,9 +88,11 @@ def run(
 
 @dataclass(frozen=True, slots=True)
 class Bulk:
-    """The bundles assigned in bulk: by single Lookups, and by LookupMany calls."""
+    """The bundles assigned in bulk: by single Lookups, by single lookups gathered by the broker
+    library, and by LookupMany calls."""
 
     singly: list[str]
+    gathered: list[str]
     concurrency: int
     calls: list[list[str]]
     calls_in_flight: int
@@ -106,6 +113,16 @@ async def _measure(addr: str, one_by_one: list[str], bulk: Bulk) -> dict[str, fl
         await drain(one_by_one[:WARM_UP], assign, 1)
         p50_ms, p99_ms = cuts((await drain(one_by_one[WARM_UP:], assign, 1)).latencies_ms)
         singly = await drain(bulk.singly, assign, bulk.concurrency)
+        async with LookupBatcher(
+            stub, max_per_call=bulk.per_call, calls_in_flight=bulk.calls_in_flight, timeout_s=60
+        ) as batcher:
+
+            async def assign_gathered(topic: str) -> None:
+                reply = await batcher.lookup(topic)
+                if reply.state != lbd_pb2.BUNDLE_STATE_OWNED:
+                    raise RuntimeError(f"{topic}: answered {reply.state}, not Owned")
+
+            gathered = await drain(bulk.gathered, assign_gathered, bulk.concurrency)
         many = await drain(
             bulk.calls, lambda topics: lookup_many_owned(stub, topics), bulk.calls_in_flight
         )
@@ -114,6 +131,9 @@ async def _measure(addr: str, one_by_one: list[str], bulk: Bulk) -> dict[str, fl
         "one at a time: p50 ms": p50_ms,
         "one at a time: p99 ms": p99_ms,
         f"in bulk ({bulk.concurrency} Lookups in flight): assignments/s": singly.per_s,
+        f"in bulk (LookupBatcher, {bulk.concurrency} lookups in flight): assignments/s": (
+            gathered.per_s
+        ),
         f"{many_name}: assignments/s": sum(len(c) for c in bulk.calls) / many.seconds,
         "in bulk: bundles each way": float(len(bulk.singly)),
     }

@@ -6,17 +6,22 @@
 - :class:`OwnershipCache` answers "who owns this topic (or bundle)" from memory, fed by
   ``WatchOwnership``, within a stated staleness bound; :class:`OwnershipView` is the same without
   the I/O, fed message by message.
+- :class:`LookupBatcher` takes lookups one topic at a time and sends them to the sidecar many at
+  a time, in ``LookupMany`` calls, each caller getting its own answer or error.
 
 It uses the core, the generated gRPC code and grpc, nothing of the sidecar; the simulated broker
 (:mod:`lbd.sim.broker`) runs on it.
 """
 
 from lbd.broker.client import BrokerClient, BrokerHandler, NewOwner
+from lbd.broker.lookups import LookupBatcher, LookupFailedError
 from lbd.broker.ownership import Ownership, OwnershipCache, OwnershipView, StaleOwnershipError
 
 __all__ = [
     "BrokerClient",
     "BrokerHandler",
+    "LookupBatcher",
+    "LookupFailedError",
     "NewOwner",
     "Ownership",
     "OwnershipCache",
