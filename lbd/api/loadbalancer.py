@@ -97,10 +97,21 @@ class LoadBalancerServicer(lbd_pb2_grpc.LoadBalancerServicer):
             raise InvalidInputError(
                 f"LookupMany carries {count} lookups; at most {MAX_LOOKUPS_PER_CALL} per call"
             )
-        outcomes = await asyncio.gather(
-            *(self._lookup.lookup(r.topic, read_only=r.read_only) for r in request.lookups),
-            return_exceptions=True,
+        # Those answered from memory first, without a task each; the others concurrently.
+        now: list[LookupResult | BaseException | None] = []
+        for lookup in request.lookups:
+            try:
+                now.append(self._lookup.answer_now(lookup.topic))
+            except Exception as e:  # fenced: the failure its Lookup would have ended with
+                now.append(e)
+        waiting = [r for r, answer in zip(request.lookups, now, strict=True) if answer is None]
+        later = iter(
+            await asyncio.gather(
+                *(self._lookup.lookup(r.topic, read_only=r.read_only) for r in waiting),
+                return_exceptions=True,
+            )
         )
+        outcomes = [next(later) if answer is None else answer for answer in now]
         return lbd_pb2.LookupManyResponse(
             results=[_lookup_result(o, self._responses) for o in outcomes]
         )

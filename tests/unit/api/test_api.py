@@ -23,6 +23,7 @@ from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName
 from lbd.gen.v1 import lbd_pb2
+from lbd.ports.errors import UnavailableError
 from lbd.services.sidecar.lookup import LookupResult
 from tests.unit.api.served import Api, serve_api, until
 from tests.unit.services.harness import Harness, Timing
@@ -125,6 +126,30 @@ async def test_lookup_many_answers_each_lookup_in_order_and_fails_only_the_bad_o
     assert unassigned.state == lbd_pb2.BUNDLE_STATE_INIT and not unassigned.owner_broker_id
     await harness.idle()
     assert [harness.owner(b.id) for b in (first, second, last)] == ["broker-a", "broker-a", None]
+    # Asked again, the owned ones are answered from memory and the rest looked up: same order.
+    assert await api.lb.LookupMany(request, timeout=5) == reply
+
+
+async def test_lookup_many_fails_one_lookup_that_cannot_be_answered_from_memory(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = "persistent://public/default/t2"
+    await owned_bundle(api)
+    await owned_bundle(api, other)
+    real = api.sidecar.lookup.answer_now
+
+    def fenced_for_one(topic: str) -> LookupResult | None:
+        if topic == other:
+            raise UnavailableError(f"the owner of {topic}'s bundle is fenced")
+        return real(topic)
+
+    monkeypatch.setattr(api.sidecar.lookup, "answer_now", fenced_for_one)
+    topics = [TOPIC, other, TOPIC]
+    request = lbd_pb2.LookupManyRequest(lookups=[lbd_pb2.LookupRequest(topic=t) for t in topics])
+    reply = await api.lb.LookupMany(request, timeout=5)
+    assert [r.WhichOneof("outcome") for r in reply.results] == ["answer", "failure", "answer"]
+    assert reply.results[1].failure.code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert "fenced" in reply.results[1].failure.message
 
 
 async def test_lookup_many_refuses_too_many_lookups_and_assigns_nothing(
