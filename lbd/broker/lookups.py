@@ -149,7 +149,7 @@ class LookupBatcher:
             if result.HasField("answer"):
                 answer.set_result(result.answer)
             else:
-                code = _status_code(result.failure.code)
+                code = status_code_of(result.failure.code)
                 answer.set_exception(LookupFailedError(code, result.failure.message))
 
     async def close(self) -> None:
@@ -172,7 +172,9 @@ class LookupBatcher:
         await self.close()
 
 
-def _status_code(value: int) -> grpc.StatusCode:
+def status_code_of(value: int) -> grpc.StatusCode:
+    """The gRPC status code numbered ``value`` (a ``LookupFailure``'s code); UNKNOWN for a
+    number that names none."""
     for code in grpc.StatusCode:
         if code.value[0] == value:
             return code

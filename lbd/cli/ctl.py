@@ -58,8 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     verbs = p.add_subparsers(dest="ctl_command", metavar="VERB", required=True)
 
-    v = verbs.add_parser("lookup", help="a topic's bundle and owner (assigns it if needed)")
-    v.add_argument("topic")
+    v = verbs.add_parser(
+        "lookup",
+        help="topics' bundles and owners (assigns them if needed); several in one LookupMany",
+    )
+    v.add_argument("topic", nargs="+")
     v.add_argument("--read-only", action="store_true", help="never start an assignment")
     verbs.add_parser("brokers", help="registered brokers")
     v = verbs.add_parser("bundles", help="bundles with their state and owner")
@@ -238,15 +241,27 @@ def run(args: argparse.Namespace) -> int:
         print(render.to_json(message))
     else:
         console.print(table)
-    return 0
+    return 1 if _some_lookup_failed(message) else 0
+
+
+def _some_lookup_failed(message: Message) -> bool:
+    """Whether ``message`` is the answer to several lookups of which one failed: the exit status
+    is then 1, as for a single lookup that failed."""
+    return isinstance(message, lbd_pb2.LookupManyResponse) and any(
+        r.HasField("failure") for r in message.results
+    )
 
 
 _Shown = tuple[Message, RenderableType]
 
 
 def _lookup(c: SidecarClient, a: argparse.Namespace) -> _Shown:
-    r = c.lookup(a.topic, read_only=a.read_only)
-    return r, render.lookup_table(a.topic, r)
+    if len(a.topic) == 1:
+        (topic,) = a.topic
+        r = c.lookup(topic, read_only=a.read_only)
+        return r, render.lookup_table(topic, r)
+    many = c.lookup_many(a.topic, read_only=a.read_only)
+    return many, render.lookup_many_table(a.topic, many)
 
 
 def _brokers(c: SidecarClient, a: argparse.Namespace) -> _Shown:

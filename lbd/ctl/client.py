@@ -62,6 +62,16 @@ class SidecarClient:
         """The topic's bundle and owner, assigning the bundle unless ``read_only``."""
         return self._call(self._lb.Lookup, lbd_pb2.LookupRequest(topic=topic, read_only=read_only))
 
+    def lookup_many(
+        self, topics: Sequence[str], *, read_only: bool = False
+    ) -> lbd_pb2.LookupManyResponse:
+        """Each topic's bundle and owner, in one ``LookupMany``: a result per topic, in order,
+        each an answer or the failure its own lookup would have ended with."""
+        request = lbd_pb2.LookupManyRequest(
+            lookups=[lbd_pb2.LookupRequest(topic=t, read_only=read_only) for t in topics]
+        )
+        return self._call(self._lb.LookupMany, request)
+
     def assign(self, target: str, dst: str | None) -> lbd_pb2.AssignResponse:
         """Assign a bundle (an id) or a topic's bundle (a name with ``://``), to ``dst`` if set."""
         request = lbd_pb2.AssignRequest(dst_broker_id=dst or "")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.table import Table
 from rich.text import Text
 
+from lbd.broker.lookups import status_code_of
 from lbd.gen.v1 import lbd_pb2
 
 _STATE_PREFIX = "BUNDLE_STATE_"
@@ -58,6 +60,28 @@ def lookup_table(topic: str, r: lbd_pb2.LookupResponse) -> Table:
     table.add_row("service url", r.owner.service_url or "-")
     table.add_row("service url (tls)", r.owner.service_url_tls or "-")
     table.add_row("web service url", r.owner.web_service_url or "-")
+    return table
+
+
+def lookup_many_table(topics: Sequence[str], r: lbd_pb2.LookupManyResponse) -> Table:
+    """Several lookups' answers, a row per topic in the order asked; a failed one says why."""
+    table = Table(title=f"lookup of {len(topics)} topics")
+    for column in ("topic", "bundle", "state", "owner", "service url"):
+        table.add_column(column)
+    for topic, result in zip(topics, r.results, strict=True):
+        if result.HasField("failure"):
+            code = status_code_of(result.failure.code).name
+            failed = Text(f"{code}: {result.failure.message}", style="red")
+            table.add_row(topic, failed, "", "", "")
+            continue
+        a = result.answer
+        table.add_row(
+            topic,
+            a.bundle,
+            state_name(a.state),
+            a.owner_broker_id or "-",
+            a.owner.service_url or "-",
+        )
     return table
 
 
