@@ -5,9 +5,10 @@ cluster of its own, owns every bundle of a namespace, records the LookupResponse
 gives for each of ``topics`` topics, and starts :mod:`bench.trivial_server` answering those same
 bytes from a dict. The same grpc.aio client then drives both at each concurrency in ``pairs``
 pairs of passes of ``per_pass`` lookups, one server right after the other, the order alternating
-from pair to pair. Short passes, closely interleaved, and many of them: on this 2-core machine
-one pass of a second or less runs up to a fifth faster or slower than the next on the same
-server, and a few long rounds set one slow stretch against the other server's fast one.
+from pair to pair. Short passes, closely interleaved, and many of them: on a 2-core machine
+where the client and the server each use most of a core, one pass of a third of a second can run
+half as fast, or half again as fast, as the other server's pass right after it, and a few long
+rounds set one slow stretch against the other server's fast one.
 
 Throughput is the median over a server's passes, and the ratio lbd / trivial (1.0 is the
 ceiling); the p99 is taken over all of a server's latencies at that concurrency together.
