@@ -158,9 +158,6 @@ class LookupService:
         (not Owned in time), UnavailableError (safe mode and an assignment is needed; fenced
         and this broker is the owner; no broker available).
         """
-        answer = self.answer_now(topic)
-        if answer is not None:
-            return answer
         for _ in range(MAX_LAYOUT_RETRIES):
             namespace, bundle = await self._locate(topic)
             value = self._follower.get(bundle)
