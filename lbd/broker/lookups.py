@@ -120,28 +120,18 @@ class LookupBatcher:
         try:
             response = await self._stub.LookupMany(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as e:
-            failure = LookupFailedError(e.code(), e.details() or "")
-            for _, answer in batch:
-                if not answer.done():
-                    answer.set_exception(failure)
+            _fail(batch, LookupFailedError(e.code(), e.details() or ""))
             return
         except Exception as e:  # not a status: the channel is closed, say; each caller sees it
-            for _, answer in batch:
-                if not answer.done():
-                    answer.set_exception(e)
+            _fail(batch, e)
             return
         except BaseException:
             for _, answer in batch:
                 answer.cancel()
             raise
         if len(response.results) != len(batch):
-            mismatch = LookupFailedError(
-                grpc.StatusCode.INTERNAL,
-                f"the sidecar answered {len(response.results)} lookups of {len(batch)}",
-            )
-            for _, answer in batch:
-                if not answer.done():
-                    answer.set_exception(mismatch)
+            count = f"the sidecar answered {len(response.results)} lookups of {len(batch)}"
+            _fail(batch, LookupFailedError(grpc.StatusCode.INTERNAL, count))
             return
         for (_, answer), result in zip(batch, response.results, strict=True):
             if answer.done():
@@ -170,6 +160,13 @@ class LookupBatcher:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _fail(batch: list[_Pending], error: Exception) -> None:
+    """Every lookup of ``batch`` whose caller still waits fails with ``error``."""
+    for _, answer in batch:
+        if not answer.done():
+            answer.set_exception(error)
 
 
 def status_code_of(value: int) -> grpc.StatusCode:
