@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,27 +223,51 @@ async def _responses(result: Any) -> AsyncGenerator[Any, None]:
             yield response
 
 
-class WrappedRegistration:
+class GenericRegistration:
     """Stands in for a grpc.aio server while a generated ``add_*Servicer_to_server`` registers a
-    servicer: every method handler is wrapped once, through ``layers`` (outermost first), and
-    registered with the real server. Per call this costs the layers' own coroutines only, where
-    interceptors would also run their chain and build a new handler for every call."""
+    servicer: its handlers are registered as generic handlers only, never as registered methods.
 
-    def __init__(self, server: grpc.aio.Server, layers: list[WrappingInterceptor]) -> None:
+    grpc.aio's server keeps one pending request per registered method, and one for all generic
+    handlers, and awaits ``asyncio.wait`` over all of them for every call it takes. With the 31
+    methods of the sidecar's four services that was some 240 Python calls per RPC, a tenth of an
+    owned Lookup's CPU in the server (docs/performance.md, "One pending request, not 32"). With
+    generic handlers only it waits on one. Each generic handler finds its method in a dict; they
+    are asked in the order the services were added.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
         self._server = server
-        self._layers = layers
 
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        """Ignored: the same handlers arrive by :meth:`add_registered_method_handlers`."""
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Register ``handlers`` with the real server."""
+        self._server.add_generic_rpc_handlers(handlers)
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        """Wrap each handler in every layer that picks its method, and register the result."""
+        """Ignored: the same handlers arrive by :meth:`add_generic_rpc_handlers`."""
+
+
+class WrappedRegistration(GenericRegistration):
+    """A :class:`GenericRegistration` that wraps every method handler once, through ``layers``
+    (outermost first). Per call this costs the layers' own coroutines only, where interceptors
+    would also run their chain and build a new handler for every call."""
+
+    def __init__(self, server: grpc.aio.Server, layers: list[WrappingInterceptor]) -> None:
+        super().__init__(server)
+        self._layers = layers
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Ignored: the same handlers arrive, by method, by
+        :meth:`add_registered_method_handlers`."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """Wrap each handler in every layer that picks its method, and register the result as
+        a generic handler."""
         wrapped = {name: self._wrap(f"/{service}/{name}", h) for name, h in handlers.items()}
-        generic = grpc.method_handlers_generic_handler(service, wrapped)
-        self._server.add_generic_rpc_handlers((generic,))
-        self._server.add_registered_method_handlers(service, wrapped)
+        super().add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         details = _Details(method)

@@ -5,6 +5,8 @@ final status; only when a tracer provider is given), authentication and authoriz
 (:mod:`lbd.api.auth`, when any credential is configured), then the error mapping closest to the
 servicers. The layers wrap each method's handler once, when the servicers are registered
 (:class:`~lbd.api.handlers.WrappedRegistration`), not on every call as grpc interceptors would.
+Every service is registered as generic handlers only, never as registered methods
+(:class:`~lbd.api.handlers.GenericRegistration` says why).
 The port is TLS when the sidecar has a certificate (:mod:`lbd.api.tls`). Health is NOT_SERVING
 until the app says the sidecar can answer (follower caught up, registry started) and again while
 it is fenced; the overall status ("") and each lbd service's share the same value.
@@ -16,14 +18,14 @@ import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from opentelemetry.trace import TracerProvider
 
 from lbd.api.admin import AdminDeps, AdminServicer
 from lbd.api.auth import Authenticator, AuthInterceptor
 from lbd.api.errors import ErrorInterceptor
 from lbd.api.forwarding import Forwarder
-from lbd.api.handlers import WrappedRegistration, WrappingInterceptor
+from lbd.api.handlers import GenericRegistration, WrappedRegistration, WrappingInterceptor
 from lbd.api.loadbalancer import LoadBalancerServicer
 from lbd.api.tls import ReloadingServerTls
 from lbd.api.tracing import TracingInterceptor
@@ -122,15 +124,18 @@ class ApiServer:
         registration = WrappedRegistration(self._server, layers)
         lbd_pb2_grpc.add_LoadBalancerServicer_to_server(loadbalancer, registration)
         lbd_pb2_grpc.add_AdminServicer_to_server(admin, registration)
+        generic = GenericRegistration(self._server)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        reflection.enable_server_reflection(
-            (
-                *SERVICE_NAMES,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, generic)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(
+                (
+                    *SERVICE_NAMES,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                )
             ),
-            self._server,
+            generic,
         )
         self._port: int | None = None
         self._serving: bool | None = None

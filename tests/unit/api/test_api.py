@@ -320,7 +320,7 @@ async def test_with_a_token_configured_anonymous_lookups_are_refused_too(guarded
 # -- reflection and health ---------------------------------------------------------------------
 
 
-async def test_reflection_lists_both_services(api: Api) -> None:
+async def _reflected_services(api: Api) -> set[str]:
     stub = reflection_pb2_grpc.ServerReflectionStub(api.channel)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
 
@@ -330,7 +330,48 @@ async def test_reflection_lists_both_services(api: Api) -> None:
     names: set[str] = set()
     async for reply in stub.ServerReflectionInfo(requests()):
         names |= {s.name for s in reply.list_services_response.service}
+    return names
+
+
+async def test_reflection_lists_both_services(api: Api) -> None:
+    names = await _reflected_services(api)
     assert {"lbd.v1.LoadBalancer", "lbd.v1.Admin", "grpc.health.v1.Health"} <= names
+
+
+async def test_every_service_is_a_generic_handler_and_no_method_is_registered(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grpc.aio awaits one pending request per registered method for every call it takes; the
+    sidecar registers none, and still serves all four services (LoadBalancer asked first)."""
+    registered: list[str] = []
+    generic: list[str] = []
+    real_generic = grpc.aio._server.Server.add_generic_rpc_handlers
+
+    def add_generic(self: object, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        generic.extend(h.service_name() for h in handlers)  # type: ignore[attr-defined]
+        real_generic(self, handlers)  # type: ignore[arg-type]
+
+    def add_registered(self: object, service: str, handlers: object) -> None:
+        registered.append(service)
+
+    monkeypatch.setattr(grpc.aio._server.Server, "add_generic_rpc_handlers", add_generic)
+    monkeypatch.setattr(grpc.aio._server.Server, "add_registered_method_handlers", add_registered)
+    sidecar = await harness.add("broker-a")
+    await harness.ready()
+    async with serve_api(harness, sidecar) as api:
+        assert registered == []
+        assert generic == [
+            "lbd.v1.LoadBalancer",
+            "lbd.v1.Admin",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ]
+        reply = await api.lb.Lookup(lbd_pb2.LookupRequest(topic=TOPIC))
+        assert reply.owner_broker_id == "broker-a"
+        health = health_pb2_grpc.HealthStub(api.channel)
+        checked = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        assert checked.status == health_pb2.HealthCheckResponse.SERVING
+        assert "lbd.v1.Admin" in await _reflected_services(api)
 
 
 async def test_health_follows_readiness_and_fencing(api: Api, harness: Harness) -> None:
