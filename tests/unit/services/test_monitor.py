@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.graph import Sidecar
-from lbd.services.leader.monitor import SWEEP_SLICE, OwnershipMonitor
+from lbd.services.leader.monitor import DECISION_LINES, SWEEP_SLICE, OwnershipMonitor
 
 S = ServiceUnitState
 X, Y, Z = BrokerId("broker-x"), BrokerId("broker-y"), BrokerId("broker-z")
@@ -562,3 +563,48 @@ async def test_a_sweep_of_a_large_table_lets_the_event_loop_run_between_slices()
         assert sorted((f.bundle, f.state) for f in fixes) == sorted(
             (b, S.Releasing) for b in [*big, B1]
         )
+
+
+async def test_a_sweep_logs_its_first_decisions_one_by_one_and_counts_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    few = [BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}") for i in range(DECISION_LINES)]
+    many = [
+        BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}")
+        for i in range(DECISION_LINES, 3 * DECISION_LINES + 5)
+    ]
+
+    def lines(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "lbd.services.leader.monitor" and r.levelno == level
+        ]
+
+    async with rig() as r:
+        caplog.set_level(logging.INFO, logger="lbd.services.leader.monitor")
+        await r.orphans_announced(*few)  # a sweep of exactly DECISION_LINES fixes
+        decided = [line for line in lines(logging.INFO) if "monitor decision:" in line]
+        assert sorted(line.split()[2] for line in decided) == sorted(f"bundle={b}" for b in few)
+        assert all(f"kind=orphan wrote=Releasing dst={Y} term={TERM}" in line for line in decided)
+        assert not any("more decisions" in line for line in lines(logging.INFO))
+
+        caplog.clear()
+        caplog.set_level(logging.DEBUG, logger="lbd.services.leader.monitor")
+        await r.register(Z)
+        for bundle in many:
+            await r.write(bundle, S.Owned, dst=Z)
+        await r.deregister(Z)
+        await r.sweep()
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        report = await r.sweep()
+        assert len(report.fixes) == len(many) + len(few)  # the hand-overs of ``few`` too
+        info = [line for line in lines(logging.INFO) if "monitor decision:" in line]
+        debug = [line for line in lines(logging.DEBUG) if "monitor decision:" in line]
+        assert len(info) == DECISION_LINES
+        assert len(info) + len(debug) == len(report.fixes)
+        summary = [line for line in lines(logging.INFO) if "more decisions" in line]
+        assert summary == [
+            f"monitor: {len(report.fixes) - DECISION_LINES} more decisions in this sweep "
+            f"(term {TERM}), logged at DEBUG; `lbd ctl decisions` lists every one"
+        ]
