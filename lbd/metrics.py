@@ -426,10 +426,10 @@ class Metrics:
         label = TOMBSTONE_STATE if state is None else state.value
         self._publish_series(label, SUCCESS if ok else FAILURE).inc()
 
-    def observe_applied(self, state: ServiceUnitState | None) -> None:
-        """Count one accepted channel change (``state`` None: a tombstone)."""
+    def observe_applied(self, state: ServiceUnitState | None, count: int = 1) -> None:
+        """Count ``count`` accepted channel changes to ``state`` (None: a tombstone)."""
         label = TOMBSTONE_STATE if state is None else state.value
-        self._applied_series(label).inc()
+        self._applied_series(label).inc(count)
 
     def observe_audit(self, counts: Mapping[FindingKind, int], at_ms: int | None) -> None:
         """Set ``lbd_audit_findings`` to ``counts`` (every kind); with ``at_ms``, count one

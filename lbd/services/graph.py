@@ -20,6 +20,7 @@ Start order (:meth:`Sidecar.start`), each step needing the ones before:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -495,19 +496,22 @@ async def _count_owned(follower: ChannelFollower, metrics: Metrics, me: BrokerId
 
     Kept on the event loop rather than read at scrape time: scrapes run in the HTTP server's
     thread, which must not iterate a table the loop is changing. The table is scanned once;
-    after that each change adjusts the counts.
+    after that each change adjusts the counts, and the series are set once per batch of changes.
     """
-    changes: AsyncGenerator[ApplyResult, None] = follower.changes()
+    batches: AsyncGenerator[list[ApplyResult], None] = follower.change_batches()
     values = [value for _, value in follower.table.items()]
     owned = sum(1 for value in values if owner_of(value) == me)
     in_flight = sum(1 for value in values if _in_flight(value))
     metrics.owned_bundles.set(owned)
     metrics.bundles_in_flight.set(in_flight)
-    async with contextlib.aclosing(changes):
-        async for change in changes:
-            metrics.observe_applied(None if change.new is None else change.new.state)
-            owned += int(owner_of(change.new) == me) - int(owner_of(change.old) == me)
-            in_flight += int(_in_flight(change.new)) - int(_in_flight(change.old))
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            applied = collections.Counter(None if c.new is None else c.new.state for c in batch)
+            for state, count in applied.items():
+                metrics.observe_applied(state, count)
+            for change in batch:
+                owned += int(owner_of(change.new) == me) - int(owner_of(change.old) == me)
+                in_flight += int(_in_flight(change.new)) - int(_in_flight(change.old))
             metrics.owned_bundles.set(owned)
             metrics.bundles_in_flight.set(in_flight)
 

@@ -98,6 +98,36 @@ async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
     await writer.close()
 
 
+async def test_the_batched_change_feed_gives_what_was_queued_at_once_in_order() -> None:
+    log = MemoryLog()
+    writer = MemoryChannelLog(log)
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        async with asyncio.timeout(2):
+            await follower.wait_ready()
+        one_by_one, batches = follower.changes(), follower.change_batches()
+        await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
+        await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=B))  # rejected: stale
+        await writer.publish(B1, value(ServiceUnitState.Owned, 2, dst=A))
+        await writer.publish(B2, value(ServiceUnitState.Assigning, 1, dst=B))
+        await follower.wait_applied(log.messages[-1].position)
+        async with asyncio.timeout(2):
+            first = await anext(batches)  # all three were queued before it asked
+            singles = [await anext(one_by_one) for _ in range(3)]
+            await writer.publish(B2, value(ServiceUnitState.Owned, 2, dst=B))
+            later = await anext(batches)
+        await batches.aclose()
+        await one_by_one.aclose()
+        assert first == singles
+        assert [(r.key, r.new.state) for r in first] == [
+            (B1, ServiceUnitState.Assigning),
+            (B1, ServiceUnitState.Owned),
+            (B2, ServiceUnitState.Assigning),
+        ]
+        assert [(r.key, r.new.state) for r in later] == [(B2, ServiceUnitState.Owned)]
+        assert len(follower._subscribers) == 0  # closing unsubscribed both
+    await writer.close()
+
+
 async def test_checkpoint_plus_tail_equals_full_replay_with_tombstones() -> None:
     log = MemoryLog()
     writer = MemoryChannelLog(log)
