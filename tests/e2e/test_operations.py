@@ -53,12 +53,17 @@ def pile_on(cluster: Cluster, broker: str) -> None:
     wait_for(f"the load reports show {broker} carrying most traffic", skewed, SETTLE_S)
 
 
-def plan_of(cluster: Cluster, moves: int) -> dict[str, Any] | None:
+def plan_of(
+    cluster: Cluster, moves: int, seen: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
     """``lbd ctl plan``'s plan when it has at least ``moves`` moves (else None: the shedder
-    skipped, e.g. in the cool-down after a plan was executed)."""
+    skipped, e.g. in the cool-down after a plan was executed). Every answer goes to ``seen``."""
     shown = cluster.ctl("--output", "json", "plan")
     assert shown.returncode == 0, shown.stderr
-    plan: dict[str, Any] = json.loads(shown.stdout).get("plan", {})
+    answer: dict[str, Any] = json.loads(shown.stdout)
+    if seen is not None:
+        seen.append(answer)
+    plan: dict[str, Any] = answer.get("plan", {})
     return plan if len(plan.get("moves", [])) >= moves else None
 
 
@@ -71,7 +76,13 @@ def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: C
     # every broker's report shows the pile-up, the planner may see less to move.)
     before = cluster.owners(TRAFFIC_NAMESPACE)
 
-    planned = wait_for("a plan of at least two moves", lambda: plan_of(cluster, 2), SETTLE_S, 1.0)
+    seen: list[dict[str, Any]] = []  # what the shedder said, should it never plan two moves
+    try:
+        planned = wait_for(
+            "a plan of at least two moves", lambda: plan_of(cluster, 2, seen), SETTLE_S, 1.0
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the last answer of `lbd ctl plan`: {seen[-1:]}") from None
     assert planned["std_after"] < planned["std_before"]
     assert all(m["src_broker_id"] == hot for m in planned["moves"])
     assert planned["bytes_to_move"] > 0 and planned["expires_at_ms"] > planned["created_at_ms"]
