@@ -14,7 +14,7 @@ import bisect
 import enum
 import hashlib
 import json
-from collections.abc import Callable, Collection, ItemsView
+from collections.abc import Collection, ItemsView
 from dataclasses import dataclass
 from typing import Final
 
@@ -353,26 +353,24 @@ class StateTable:
 
     def snapshot(self) -> dict[str, object]:
         """The table as plain JSON-able data (for checkpoints): values, position, highest term."""
-        return self.snapshot_later()()
+        head, values = self.snapshot_source()
+        head["table"] = {bundle: to_json_object(data) for bundle, data in values.items()}
+        return head
 
-    def snapshot_later(self) -> Callable[[], dict[str, object]]:
-        """:meth:`snapshot` as of now, made when the function returned is called.
+    def snapshot_source(self) -> tuple[dict[str, object], dict[BundleId, ServiceUnitStateData]]:
+        """:meth:`snapshot` as of now, not yet made: every field, with ``table`` last and empty,
+        and a copy of the values (which are immutable) to make its entries from, in order.
 
-        Only the table's dict of values is copied now (its values are immutable); turning 100k
-        of them into JSON-able data can then happen elsewhere, in a thread, say, instead of in
-        one stretch of the event loop.
+        Making 100k entries JSON-able can then be spread over many turns of the event loop
+        instead of one stretch of it (:func:`lbd.services.channel.checkpoints.serialised`).
         """
-        position, term, values = self._last, self._highest_term, dict(self._values)
-
-        def make() -> dict[str, object]:
-            return {
-                "format": SNAPSHOT_FORMAT,
-                "position": None if position is None else position.to_json(),
-                "highest_term": term,
-                "table": {bundle: to_json_object(data) for bundle, data in values.items()},
-            }
-
-        return make
+        head: dict[str, object] = {
+            "format": SNAPSHOT_FORMAT,
+            "position": None if self._last is None else self._last.to_json(),
+            "highest_term": self._highest_term,
+            "table": {},
+        }
+        return head, dict(self._values)
 
     @classmethod
     def from_snapshot(cls, obj: object) -> StateTable:

@@ -174,3 +174,47 @@ async def test_an_unreadable_checkpoint_falls_back_to_a_full_replay() -> None:
     await store.save(StoredCheckpoint(ChannelPosition(0, 5), 1, b"\x00 not a table"))
     restored = await checkpoints.restore(store)
     assert len(restored) == 0 and restored.last_position is None
+
+
+def sliced_table(count: int) -> StateTable:
+    table = StateTable()
+    for i in range(count):
+        bundle = BundleId(f"public/default/0x{i:08x}_0x{i + 1:08x}")
+        state = (ServiceUnitState.Owned, ServiceUnitState.Assigning)[i % 2]
+        table.apply(ChannelPosition(1, i), bundle, value(state, 1, dst=(A, B)[i % 3 % 2]))
+    table.apply(ChannelPosition(1, count), B1, b"not json")  # a position past the last value
+    return table
+
+
+@pytest.mark.parametrize("count", [0, 1, 6, 7])
+async def test_a_checkpoint_made_in_slices_is_the_one_made_at_once(
+    count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoints, "SERIALISE_SLICE", 3)
+    table = sliced_table(count)
+    body = await checkpoints.serialised(table)
+    whole = checkpoints.encode(table, leader_term=4)
+    assert whole is not None and body == whole.body
+    restored = checkpoints.decode(StoredCheckpoint(table.last_position, 4, body))
+    assert (restored.digest, len(restored)) == (table.digest, count)
+
+
+async def test_a_checkpoint_lets_the_event_loop_run_between_slices_of_one_instant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(checkpoints, "SERIALISE_SLICE", 3)
+    table = sliced_table(9)
+    expected = checkpoints._serialise(table.snapshot())
+    turns: list[int] = []
+    making = asyncio.ensure_future(checkpoints.serialised(table))
+
+    async def meanwhile() -> None:
+        while not making.done():
+            turns.append(len(table))
+            # The table moves on while the checkpoint is made: the checkpoint does not.
+            table.apply(ChannelPosition(2, len(turns)), B2, value(ServiceUnitState.Free, 9, src=A))
+            await asyncio.sleep(0)
+
+    await asyncio.gather(making, meanwhile())
+    assert len(turns) >= 3  # one at least after every slice
+    assert making.result() == expected
