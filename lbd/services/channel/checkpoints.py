@@ -53,22 +53,16 @@ async def serialised(table: StateTable) -> bytes:
     """
     head, values = table.snapshot_source()
     # ``table`` is the head's last field, empty: its entries go in before the two closing braces.
-    opening = json.dumps(head, separators=_SEPARATORS)
-    parts = [opening[: -len("}}")].encode()]
+    opening = json.dumps(head, separators=_SEPARATORS)[: -len("}}")].encode()
     entries = iter(values.items())
-    first = True
-    while True:
-        piece = ",".join(
-            f"{json.dumps(bundle)}:{json.dumps(to_json_object(data), separators=_SEPARATORS)}"
-            for bundle, data in itertools.islice(entries, SERIALISE_SLICE)
-        )
-        if not piece:
-            break
-        parts.append((piece if first else "," + piece).encode())
-        first = False
+    pieces: list[bytes] = []
+    while piece := ",".join(
+        f"{json.dumps(bundle)}:{json.dumps(to_json_object(data), separators=_SEPARATORS)}"
+        for bundle, data in itertools.islice(entries, SERIALISE_SLICE)
+    ):
+        pieces.append((f",{piece}" if pieces else piece).encode())
         await asyncio.sleep(0)
-    parts.append(b"}}")
-    return b"".join(parts)
+    return b"".join((opening, *pieces, b"}}"))  # one copy of the megabytes, not one per +
 
 
 def decode(checkpoint: StoredCheckpoint) -> StateTable:
