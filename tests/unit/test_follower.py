@@ -1,6 +1,8 @@
 """The channel follower and checkpoints over the in-memory channel (the real one: integration)."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 from channel_values import value
@@ -31,13 +33,20 @@ def replay(log: MemoryLog) -> StateTable:
     return table
 
 
+@contextlib.asynccontextmanager
+async def caught_up(log: MemoryLog) -> AsyncIterator[ChannelFollower]:
+    """A follower of ``log``, once it has read what the log held."""
+    async with ChannelFollower(MemoryChannelLog(log)) as follower:
+        async with asyncio.timeout(2):
+            await follower.wait_ready()
+        yield follower
+
+
 async def test_catches_up_then_follows_and_wakes_waiters() -> None:
     log = MemoryLog()
     writer = MemoryChannelLog(log)
     await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
-    async with ChannelFollower(MemoryChannelLog(log)) as follower:
-        async with asyncio.timeout(2):
-            await follower.wait_ready()
+    async with caught_up(log) as follower:
         assert follower.get(B1).state is ServiceUnitState.Assigning
         waiting = asyncio.create_task(follower.wait_for(B1, is_state(ServiceUnitState.Owned)))
         await asyncio.sleep(0)
@@ -80,9 +89,7 @@ async def test_malformed_and_repeated_messages_neither_crash_nor_stall() -> None
 async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
     log = MemoryLog()
     writer = MemoryChannelLog(log)
-    async with ChannelFollower(MemoryChannelLog(log)) as follower:
-        async with asyncio.timeout(2):
-            await follower.wait_ready()
+    async with caught_up(log) as follower:
         # Subscribed by the call itself: changes applied before the first iteration count.
         feed = follower.changes()
         await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
@@ -101,9 +108,7 @@ async def test_the_change_feed_sees_accepted_changes_in_order() -> None:
 async def test_the_batched_change_feed_gives_what_was_queued_at_once_in_order() -> None:
     log = MemoryLog()
     writer = MemoryChannelLog(log)
-    async with ChannelFollower(MemoryChannelLog(log)) as follower:
-        async with asyncio.timeout(2):
-            await follower.wait_ready()
+    async with caught_up(log) as follower:
         one_by_one, batches = follower.changes(), follower.change_batches()
         await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=A))
         await writer.publish(B1, value(ServiceUnitState.Assigning, 1, dst=B))  # rejected: stale
