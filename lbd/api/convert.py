@@ -20,6 +20,7 @@ from lbd.core.broker import (
     Hello,
     LazyTopics,
     LeaseRequest,
+    Leave,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
@@ -35,6 +36,9 @@ from lbd.core.operations import Move, MoveState, Operation, OperationState, Plan
 from lbd.core.shedding import SheddingResult
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.gen.v1 import lbd_pb2
+
+MAX_LEAVE_REASON = 200
+"""Characters of a broker's leave reason kept (it goes into the maintenance record)."""
 
 if TYPE_CHECKING:
     from lbd.services.leader.decisions import Decision
@@ -321,7 +325,11 @@ def broker_message_from_proto(msg: lbd_pb2.BrokerMessage) -> BrokerMessage:
         return CommandAck(command_id=ack.command_id, ok=ack.ok, error=ack.error, failed=failed)
     if kind == "lease_request":
         return LeaseRequest(msg.lease_request.sequence, msg.lease_request.lapses)
-    raise InvalidInputError("a BrokerMessage must set one of hello, load, ack or lease_request")
+    if kind == "leave":
+        return Leave(msg.leave.reason[:MAX_LEAVE_REASON])
+    raise InvalidInputError(
+        "a BrokerMessage must set one of hello, load, ack, lease_request or leave"
+    )
 
 
 def sidecar_message_to_proto(msg: SidecarMessage) -> lbd_pb2.SidecarMessage:

@@ -141,6 +141,7 @@ class BrokerClient:
         self._lease: BrokerLease | None = None
         self._lease_duration_s = 0.0
         self._sessions = 0
+        self._outbox: Outbox | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -174,6 +175,15 @@ class BrokerClient:
     def may_serve(self, bundle: BundleId) -> bool:
         """Whether the broker may serve ``bundle`` now; ask before serving anything."""
         return bundle in self._owned and self.lease_valid()
+
+    def leave(self, reason: str) -> bool:
+        """Tell the sidecar this broker is shutting down gracefully: it has every bundle
+        handed to other brokers (the broker goes on serving and carrying out the Releases
+        meanwhile). False when no session is open to say it on."""
+        if self._outbox is None:
+            return False
+        self._outbox.put_nowait(lbd_pb2.BrokerMessage(leave=lbd_pb2.LeaveRequest(reason=reason)))
+        return True
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,6 +248,7 @@ class BrokerClient:
         try:
             await call.wait_for_connection()
             opened = True
+            self._outbox = outbox
             self._open_session()
             lease = self._lease
             assert lease is not None
@@ -280,6 +291,7 @@ class BrokerClient:
             # the server ended the call first (cancel() does not stop it then).
             outbox.put_nowait(None)
             call.cancel()
+            self._outbox = None
             if opened:
                 self._end_session()
         return opened

@@ -177,6 +177,17 @@ class OwnershipView:
         """``_vouched_at + stale_after_s``: answers are given up to this instant."""
         self._last_heartbeat: float | None = None
         self._warned_old_vouch = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the caller's thread, synchronously) after each change the
+        stream applies and after each new table is swapped in: a broker that waits for a
+        bundle to settle re-reads the view then instead of polling it."""
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._listeners:
+            callback()
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -361,6 +372,7 @@ class OwnershipView:
             len(self._spans),
             self._syncs,
         )
+        self._changed()
 
     def _change(self, message: lbd_pb2.OwnershipChange) -> None:
         bundle = BundleId(message.bundle)
@@ -375,6 +387,7 @@ class OwnershipView:
             if ranges is None:
                 ranges = self._ranges[namespace] = _OwnedRanges()
             ranges.put(lo, end, value)
+        self._changed()
 
 
 def _apply(

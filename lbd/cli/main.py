@@ -17,6 +17,7 @@ from lbd.cli import (
     analytics,
     auth,
     bench,
+    broker,
     channel,
     config_cmd,
     ctl,
@@ -31,7 +32,7 @@ from lbd.core.errors import InvalidInputError, LbdError
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-_GROUPS = (serve, ctl, dev, sim, shed, bench, channel, config_cmd, auth, demo, analytics)
+_GROUPS = (serve, broker, ctl, dev, sim, shed, bench, channel, config_cmd, auth, demo, analytics)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -837,6 +837,112 @@ class HistorySettings(Section):
     rows are dropped and counted (a history target that stays down never grows memory)."""
 
 
+class FrontSettings(Section):
+    """``[front]``: the broker front, ``lbd broker`` (docs/broker-contract.md): a Pulsar
+    binary-protocol broker beside the sidecar, serving clients the bundles its sidecar gives it
+    and keeping their messages in the cluster's shared storage server."""
+
+    addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = "127.0.0.1:6650"
+    """Listen address of the protocol in plaintext (pulsar://). Empty: no plaintext port (then
+    tls_addr must be set)."""
+    tls_addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = None
+    """Listen address of the protocol over TLS (pulsar+ssl://); needs tls_cert_file and
+    tls_key_file. Empty: no TLS port."""
+    advertised_url: Annotated[OptStr, _unless_none(_url_check("pulsar"))] = None
+    """The pulsar:// URL clients are sent to (lookups, redirects, transfers). Empty:
+    pulsar://<addr> (set it when addr binds 0.0.0.0 or [::])."""
+    advertised_url_tls: Annotated[OptStr, _unless_none(_url_check("pulsar+ssl"))] = None
+    """The pulsar+ssl:// URL clients are sent to. Empty: pulsar+ssl://<tls_addr>."""
+    tls_cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM certificate chain the TLS port presents. Reloaded when the file changes."""
+    tls_key_file: Annotated[OptStr, _unless_none(_check_file)] = Field(
+        default=None, validate_default=True
+    )
+    """PEM private key of tls_cert_file."""
+    tls_ca_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA bundle: set, every client of the TLS port must present a certificate that chains
+    to it (mutual TLS). Empty: clients are not asked for one."""
+    sidecar_addr: Annotated[OptStr, _unless_none(_check_host_port)] = None
+    """The sidecar's gRPC address. Empty: grpc.advertised_addr, else grpc.addr, of this file
+    (the broker and its sidecar usually share one)."""
+    sidecar_ca_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA the sidecar's certificate must chain to (TLS to the sidecar). Empty: plaintext."""
+    sidecar_cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM client certificate of this broker for mutual TLS with the sidecar (its common name is
+    the broker id, docs/security.md). Read again at each reconnect."""
+    sidecar_key_file: Annotated[OptStr, _unless_none(_check_file)] = Field(
+        default=None, validate_default=True
+    )
+    """PEM private key of sidecar_cert_file."""
+    sidecar_token_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """File holding this broker's bearer token for the sidecar (its name is the broker id).
+    Read again at each reconnect."""
+    storage_url: Annotated[str, AfterValidator(_url_check("pulsar", "pulsar+ssl"))] = (
+        "pulsar://127.0.0.1:6652"
+    )
+    """The storage server every broker of the cluster keeps its topics in (a pulsar-lite, the
+    role BookKeeper plays in Apache Pulsar); not the one carrying the state channel."""
+    storage_ca_file: Annotated[OptStr, _unless_none(_check_file)] = None
+    """PEM CA of a pulsar+ssl:// storage_url."""
+    max_message_size: int = Field(default=5 * 1024 * 1024, ge=1024, le=128 * 1024 * 1024)
+    """Largest message in bytes (Pulsar's default, announced to clients); a larger frame ends
+    its connection."""
+    max_connections: int = Field(default=10_000, ge=1)
+    """Client connections at most; more are closed as they arrive (counted, logged)."""
+    max_connections_per_peer: int = Field(default=1_000, ge=1)
+    """Client connections from one IP address at most."""
+    handshake_timeout_s: Seconds = 10.0
+    """A connection that has not sent CONNECT within this is closed."""
+    keepalive_interval_s: Seconds = 30.0
+    """A connection silent this long is pinged; one silent twice as long is closed (the
+    Pulsar client pings every 30 s)."""
+    drain_timeout_s: Seconds = 2.0
+    """At a release, how long storage gets to receipt the sends already written and to confirm
+    consumers' closes, before the clients are sent on anyway. Below
+    broker.release_ack_timeout_s: the sidecar waits for the release's acknowledgement."""
+    handover_timeout_s: Seconds = 10.0
+    """After a transfer, how long the clients of the bundle wait for the new owner to take it
+    before they are told to look the topic up instead."""
+    leave_timeout_s: Seconds = 30.0
+    """On SIGTERM, how long the broker waits for its sidecar to hand every bundle to another
+    broker before it stops anyway."""
+    report_interval_s: Seconds = 1.0
+    """How often the broker sends its sidecar a load report."""
+    usage_source: Literal["host", "process"] = "host"
+    """Whose CPU and memory the load reports carry: "host" (one broker per host, as in
+    production) or "process" (this broker's own; several brokers share the host, as in the dev
+    cluster)."""
+    bandwidth_limit_mbit: float = Field(default=1000.0, gt=0)
+    """The broker's link capacity in Mbit/s: the clients' traffic is reported against it."""
+    events_file: OptStr = None
+    """Append one JSON line per own, release, close, session, lease and write event to this
+    file (the serving checker reads it). Empty: no event log."""
+    metrics_addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = "127.0.0.1:9465"
+    """Listen address of the broker's /metrics. Empty: none."""
+
+    @field_validator("tls_key_file", mode="after")
+    @classmethod
+    def _key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _key_with(value, info, "tls_cert_file")
+
+    @field_validator("sidecar_key_file", mode="after")
+    @classmethod
+    def _sidecar_key_with_cert(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _key_with(value, info, "sidecar_cert_file")
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> Self:
+        if self.addr is None and self.tls_addr is None:
+            raise ValueError("addr and tls_addr are both empty: the broker needs a port")
+        if self.tls_addr is not None and self.tls_cert_file is None:
+            raise ValueError("tls_addr needs tls_cert_file and tls_key_file")
+        if self.tls_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file (TLS)")
+        if self.storage_url.startswith("pulsar+ssl") and self.storage_ca_file is None:
+            raise ValueError("a pulsar+ssl:// storage_url needs storage_ca_file")
+        return self
+
+
 class LoggingSettings(Section):
     """``[logging]``: how lbd logs."""
 
@@ -867,6 +973,7 @@ class Settings(BaseModel):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     load_report: LoadReportSettings = Field(default_factory=LoadReportSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
+    front: FrontSettings = Field(default_factory=FrontSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")

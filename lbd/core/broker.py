@@ -248,10 +248,17 @@ class ServingLease:
     duration_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The broker is shutting down gracefully: its bundles should go to other brokers."""
+
+    reason: str = ""
+
+
 Command = OwnCommand | ReleaseCommand | CloseCommand
 """What a sidecar tells its broker to do."""
 
-BrokerMessage = Hello | LoadReport | CommandAck | LeaseRequest
+BrokerMessage = Hello | LoadReport | CommandAck | LeaseRequest | Leave
 """What a broker sends its sidecar."""
 
 

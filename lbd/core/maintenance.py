@@ -24,6 +24,10 @@ from typing import Any
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
 
+LEAVE_REASON_PREFIX = "leaving: "
+"""The reason of a record a sidecar writes when its broker leaves gracefully (``LeaveRequest``):
+such a record is the broker's own, and goes when the broker says Hello again."""
+
 
 class MaintenanceMode(enum.StrEnum):
     """What a maintenance record says about its broker."""
@@ -50,6 +54,11 @@ class MaintenanceRecord:
     """Epoch milliseconds at which this mode was set."""
     who: str = ""
     """The sidecar (broker id) that wrote the record."""
+
+    @property
+    def leave(self) -> bool:
+        """Whether the broker's own graceful leave wrote this record (not an operator)."""
+        return self.reason.startswith(LEAVE_REASON_PREFIX)
 
     def describe(self) -> str:
         """``cordoned by broker-0 (reason: disk swap)``: for error messages and logs."""

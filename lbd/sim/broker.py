@@ -8,25 +8,24 @@ bundles it serves. When its session ends or its lease runs out it stops serving 
 forgets it; it reconnects with a capped exponential backoff, and on the new session the sidecar
 sends ``Own`` again for what the broker still owns.
 
-With an :class:`EventLog` every change of what it serves is appended as one JSON line stamped
-with ``time.monotonic_ns()``, the same clock for every process on a host, so tests can check that
-no two brokers ever served a bundle at the same time.
+With an :class:`~lbd.broker.events.EventLog` every change of what it serves is appended as one
+JSON line stamped with ``time.monotonic_ns()``, the same clock for every process on a host, so
+tests can check that no two brokers ever served a bundle at the same time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from lbd import __version__
-from lbd.broker import BrokerClient, BrokerHandler, NewOwner
+from lbd.broker import BrokerClient, NewOwner
 from lbd.broker.client import check_address
 from lbd.broker.credentials import INSECURE, ClientCredentials
+from lbd.broker.events import EventLog, RecordingHandler
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import ResourceUsage
@@ -75,46 +74,15 @@ class SimBrokerConfig:
         )
 
 
-class EventLog:
-    """Appends ``{"t_ns", "event", "bundle", "broker", ...}`` JSON lines to a file.
-
-    Events: ``own``, ``release`` and ``close`` (the broker was told to serve ``bundle``, or
-    stopped), ``session`` (``detail`` ``open`` or ``lost``, ``bundle`` null), ``lease`` (a grant:
-    the lease is valid until ``until_ns``, same clock; ``bundle`` null). A broker serves a bundle
-    from its ``own`` until the earlier of its ``close`` and the end of its lease. Each line is
-    flushed at once so another process reads it as soon as the broker acted.
-    """
-
-    def __init__(self, path: Path, broker_id: str) -> None:
-        self._broker_id = broker_id
-        self._file: IO[str] = path.open("a", encoding="utf-8")
-
-    def record(self, event: str, bundle: str | None, **detail: str) -> None:
-        """Append one event, stamped now."""
-        line = {
-            "t_ns": time.monotonic_ns(),
-            "event": event,
-            "bundle": bundle,
-            "broker": self._broker_id,
-            **detail,
-        }
-        self._file.write(json.dumps(line) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        """Close the file; idempotent."""
-        self._file.close()
-
-
-class SimBroker(BrokerHandler):
+class SimBroker(RecordingHandler):
     """The simulated broker's state (what it was told to serve) and its event log; the
     :class:`BrokerClient` it runs on calls it back."""
 
     def __init__(
         self, config: SimBrokerConfig, workload: Workload, events: EventLog | None = None
     ) -> None:
+        super().__init__(events)
         self._workload = workload
-        self._events = events
         self._served: set[BundleId] = set()
         self._reports = 0
         self._made: dict[BundleId, tuple[BundleTraffic, lbd_pb2.BundleStats]] = {}
@@ -148,7 +116,7 @@ class SimBroker(BrokerHandler):
         if bundle not in self._served:
             self._workload.prepare(bundle)
             self._served.add(bundle)
-            self._record("own", bundle)
+            self.record("own", bundle)
         return None
 
     async def release(self, bundle: BundleId, new_owner: NewOwner | None) -> str | None:
@@ -156,20 +124,20 @@ class SimBroker(BrokerHandler):
         if bundle in self._served:
             self._served.discard(bundle)
             owner = new_owner.broker_id if new_owner is not None else ""
-            self._record("release", bundle, new_owner=owner)
+            self.record("release", bundle, new_owner=owner)
         return None
 
     async def close(self, bundle: BundleId, reason: str) -> str | None:
         """Stop serving ``bundle``."""
         if bundle in self._served:
             self._served.discard(bundle)
-            self._record("close", bundle, reason=reason)
+            self.record("close", bundle, reason=reason)
         return None
 
     def stop_all(self, reason: str) -> None:
         """Stop serving everything, one ``close`` event per bundle."""
         for bundle in sorted(self._served):
-            self._record("close", bundle, reason=reason)
+            self.record("close", bundle, reason=reason)
         if self._served:
             _log.info("stopped serving %d bundles: %s", len(self._served), reason)
         self._served.clear()
@@ -178,22 +146,6 @@ class SimBroker(BrokerHandler):
         """The workload's sample of the bundles served."""
         self._reports += 1
         return load_report(self._workload.sample(self._served, self._reports), self._made)
-
-    def session_opened(self) -> None:
-        """Logged as ``session`` ``open``."""
-        self._record("session", None, detail="open")
-
-    def session_ended(self) -> None:
-        """Logged as ``session`` ``lost``."""
-        self._record("session", None, detail="lost")
-
-    def lease_granted(self, valid_until: float) -> None:
-        """Logged as ``lease`` with ``until_ns`` on the events' clock."""
-        self._record("lease", None, until_ns=str(round(valid_until * 1e9)))
-
-    def _record(self, event: str, bundle: str | None, **detail: str) -> None:
-        if self._events is not None:
-            self._events.record(event, bundle, **detail)
 
 
 def load_report(

@@ -12,8 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lbd.broker.events import EventLog
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.sim.broker import EventLog, SimBroker, SimBrokerConfig
+from lbd.sim.broker import SimBroker, SimBrokerConfig
 from lbd.sim.workload import Workload, WorkloadSpec
 
 BUNDLE = "public/default/0x00000000_0x40000000"

@@ -250,16 +250,24 @@ class LeaseRequest(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., lapses: _Optional[int] = ...) -> None: ...
 
 class BrokerMessage(_message.Message):
-    __slots__ = ("hello", "load", "ack", "lease_request")
+    __slots__ = ("hello", "load", "ack", "lease_request", "leave")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     LEASE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
     hello: BrokerInfo
     load: LoadReport
     ack: CommandAck
     lease_request: LeaseRequest
-    def __init__(self, hello: _Optional[_Union[BrokerInfo, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., lease_request: _Optional[_Union[LeaseRequest, _Mapping]] = ...) -> None: ...
+    leave: LeaveRequest
+    def __init__(self, hello: _Optional[_Union[BrokerInfo, _Mapping]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., lease_request: _Optional[_Union[LeaseRequest, _Mapping]] = ..., leave: _Optional[_Union[LeaveRequest, _Mapping]] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class OwnCommand(_message.Message):
     __slots__ = ("bundle", "more_bundles")

@@ -271,7 +271,9 @@ class Drainer:
                 "now): not changing it"
             )
         if op.kind is OperationKind.DRAIN:
-            await self._maintenance.set(broker, _M.CORDONED, f"drained by {op.id}")
+            # A broker's own leave keeps its reason: the broker's return clears the record.
+            reason = "" if record.leave else f"drained by {op.id}"
+            await self._maintenance.set(broker, _M.CORDONED, reason)
             return
         await self._maintenance.set(broker, _M.DECOMMISSIONED, f"decommissioned by {op.id}")
         try:

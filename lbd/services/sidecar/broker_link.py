@@ -29,6 +29,7 @@ from lbd.core.broker import (
     CommandAck,
     Hello,
     LeaseRequest,
+    Leave,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
@@ -53,6 +54,8 @@ class LinkEventKind(enum.Enum):
     """The broker's session ended and no other replaced it."""
     LAPSED = "lapsed"
     """The broker's serving lease ran out: it serves nothing until it is told to Own again."""
+    LEAVING = "leaving"
+    """The broker is shutting down gracefully and asks for its bundles to be handed over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,8 @@ class LinkEvent:
 
     kind: LinkEventKind
     info: BrokerInfo | None
+    detail: str = ""
+    """A leave's reason."""
 
 
 COMMANDS_IN_FLIGHT: Final = 256
@@ -443,6 +448,9 @@ class BrokerLink:
                         self.latest_report_at = self.last_heard
                     case LeaseRequest():
                         self._on_lease_request(message, session)
+                    case Leave():
+                        _log.info("broker %s is leaving: %s", self._me, message.reason)
+                        self._emit(LinkEvent(LinkEventKind.LEAVING, session.info, message.reason))
                     case Hello():
                         _log.warning("broker %s said Hello twice; ignored", self._me)
         except InvalidInputError as e:

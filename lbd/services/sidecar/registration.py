@@ -21,6 +21,12 @@ A broker whose maintenance record says ``decommissioned`` (the leader drained it
 service, :mod:`lbd.services.leader.maintenance`) is deregistered when the record appears and is
 not registered again, whatever its link does, until the record is cleared (uncordon): then it is
 registered as the link says.
+
+A broker that leaves gracefully (``LeaveRequest``, a SIGTERM of ``lbd broker``) gets its own
+maintenance record, ``draining`` with a reason starting ``leaving:``: the leader moves every bundle
+off it as in a drain, and the broker, still serving, hands each over as it is told. The record is
+the broker's: when the broker says Hello again it is cleared and the broker is back in service
+(a record an operator wrote is never touched).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from lbd.core.broker import BrokerInfo
-from lbd.core.maintenance import MaintenanceMode
+from lbd.core.maintenance import LEAVE_REASON_PREFIX, MaintenanceMode
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.cluster.maintenance import MaintenanceChange, MaintenanceView
@@ -152,7 +158,10 @@ class BrokerRegistration:
             async for event in events:
                 if event.kind is LinkEventKind.ATTACHED and event.info is not None:
                     self._silent = False
+                    await self._back_from_leave()
                     self._register(event.info)
+                elif event.kind is LinkEventKind.LEAVING:
+                    await self._leave(event.detail)
                 elif event.kind is LinkEventKind.DETACHED:
                     if self._link.auto_ack:
                         self._register(self._self_info)
@@ -181,6 +190,33 @@ class BrokerRegistration:
                         self._register(info)
                     elif self._link.auto_ack and not self._link.attached:
                         self._register(self._self_info)
+
+    async def _leave(self, reason: str) -> None:
+        """Ask for the broker's bundles to be moved off it (unless an operator's record is
+        there: it already keeps new bundles away, and says what to do)."""
+        me = self._link.me
+        record = self._maintenance.get(me)
+        if record is not None and not record.leave:
+            _log.info("broker %s leaves while %s: left as it is", me, record.describe())
+            return
+        try:
+            await self._maintenance.set(
+                me, MaintenanceMode.DRAINING, LEAVE_REASON_PREFIX + (reason or "shutting down")
+            )
+        except UnavailableError as e:
+            _log.warning("broker %s leaves, but its bundles cannot be handed over: %s", me, e)
+
+    async def _back_from_leave(self) -> None:
+        me = self._link.me
+        record = self._maintenance.get(me)
+        if record is None or not record.leave:
+            return
+        try:
+            await self._maintenance.clear(me)
+        except UnavailableError as e:
+            _log.warning("broker %s is back, but still %s: %s", me, record.describe(), e)
+        else:
+            _log.info("broker %s is back after leaving: in service again", me)
 
     def _decommissioned(self) -> bool:
         return self._maintenance.mode(self._link.me) is MaintenanceMode.DECOMMISSIONED

@@ -1,0 +1,355 @@
+"""A client's producers and consumers as the front serves them, each paired with its handle on
+storage.
+
+A handle goes through four states:
+
+- ``OPENING``: the client asked; its storage handle is being opened. It is registered already,
+  so that a Release arriving meanwhile fences it too and waits for it.
+- ``OPEN``: frames pass through both ways. A SEND or ACK is forwarded only if the front serves
+  the topic's bundle *at that instant* (:meth:`Services.accepts`); one that arrives otherwise is
+  the first sign that the bundle went, and fences the handle.
+- ``FENCED``: nothing more goes to storage and nothing more is delivered; receipts of sends
+  written before still reach the client (they were stored while the front served the topic, and
+  a client that gets them will not send them again). The client is not told yet.
+- ``CLOSED``: the client was told (CLOSE_PRODUCER / CLOSE_CONSUMER, with the new owner's URL
+  after a transfer) or closed it itself; the storage handle is closed.
+
+What a handle needs of the rest of the front is the small :class:`Services` protocol, so that
+this module knows nothing of the server, the session with the sidecar or the lookups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from lbd.core.ids import BundleId
+from lbd.front.served import Topic
+from lbd.front.storage import StorageAddress, StorageConsumer, StorageProducer
+from lbd.front.traffic import TopicTraffic
+from lbd.front.wire import Command, Frame, Type
+from lbd.gen.pulsar import pulsar_api_pb2 as api
+
+_log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    OPENING = "opening"
+    OPEN = "open"
+    FENCED = "fenced"
+    CLOSED = "closed"
+
+
+_COUNTED = frozenset({State.OPEN, State.FENCED})
+
+
+class Client(Protocol):
+    """The client connection a handle belongs to."""
+
+    def write(self, command: Command, payload: bytes | None = None) -> None:
+        """Send a frame to the client (dropped when the connection is gone)."""
+
+    def forget(self, handle: Handle) -> None:
+        """The handle is closed: drop it from the connection's tables."""
+
+    @property
+    def tls(self) -> bool:
+        """Whether the client connected with TLS (it is sent the TLS URL of a new owner)."""
+
+
+class Services(Protocol):
+    """What a handle asks of the front."""
+
+    storage: StorageAddress
+
+    def accepts(self, handle: Handle) -> bool:
+        """Whether the front serves ``handle``'s topic now (updates ``handle.bundle``)."""
+
+    def handle_lost(self, handle: Handle, why: str) -> None:
+        """Storage can no longer carry ``handle``: fence it and tell its client."""
+
+    def traffic(self, topic: Topic) -> TopicTraffic:
+        """The topic's traffic counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """Where a closed handle's client should reconnect (PIP-307's assigned broker URL)."""
+
+    service_url: str
+    service_url_tls: str
+
+
+class Handle:
+    """What producers and consumers share; see the module docstring."""
+
+    kind = "handle"
+
+    def __init__(
+        self, client: Client, services: Services, client_id: int, topic: Topic, bundle: BundleId
+    ) -> None:
+        self.client = client
+        self.services = services
+        self.client_id = client_id
+        self.topic = topic
+        self.bundle = bundle
+        """The served bundle holding the topic (a split's child once its parent is closed)."""
+        self.state = State.OPENING
+        self.traffic = services.traffic(topic)
+        self._settled = asyncio.Event()
+        """Set once the open has ended, one way or the other."""
+
+    def __repr__(self) -> str:
+        return f"{self.kind} {self.client_id} on {self.topic.name} ({self.state.value})"
+
+    @property
+    def open(self) -> bool:
+        """Whether frames pass through now."""
+        return self.state is State.OPEN
+
+    def _set(self, state: State) -> None:
+        """Move to ``state``, keeping the topic's count of producers or consumers (a handle
+        counts from its open to its close)."""
+        counted = self.state in _COUNTED
+        self.state = state
+        if counted != (state in _COUNTED):
+            self._count(1 if state in _COUNTED else -1)
+
+    def _count(self, delta: int) -> None:
+        raise NotImplementedError
+
+    def fence(self) -> None:
+        """Stop forwarding at once; idempotent, and nothing for a closed handle."""
+        if self.state in (State.OPENING, State.OPEN):
+            self._set(State.FENCED)
+
+    def opened(self) -> bool:
+        """The storage handle is open: the handle opens, unless it was fenced meanwhile (then
+        False, and its storage handle is closed)."""
+        self._settled.set()
+        if self.state is State.OPENING:
+            self._set(State.OPEN)
+            return True
+        self._set(State.CLOSED)
+        self.close_storage()
+        return False
+
+    def unfence(self) -> None:
+        """Forward again: the topic is served after all (a split's child of a closed parent)."""
+        if self.state is State.FENCED:
+            self._set(State.OPEN)
+
+    def open_failed(self) -> None:
+        """The storage handle could not be opened."""
+        self._settled.set()
+        self._set(State.CLOSED)
+
+    async def stop_storage(self, drain_s: float) -> None:
+        """Once the handle is fenced: wait for an open in progress, let storage confirm what it
+        has (receipts of the sends written, the consumer's close), then close the storage
+        handle."""
+        await self._settled.wait()
+        await self._stop_storage(drain_s)
+
+    async def _stop_storage(self, drain_s: float) -> None:
+        self.close_storage()
+
+    def close_storage(self) -> None:
+        """Close the storage handle at once."""
+
+    def tell_client(self, redirect: Redirect | None) -> None:
+        """Close the handle and tell its client, naming where to reconnect (None: the client
+        looks the topic up again)."""
+        if self.state is State.CLOSED:
+            return
+        self._set(State.CLOSED)
+        self.close_storage()
+        self.client.forget(self)
+        url, url_tls = (redirect.service_url, redirect.service_url_tls) if redirect else ("", "")
+        self.client.write(self._close_command(url, url_tls))
+
+    def client_closed(self) -> None:
+        """The client closed the handle, or its connection is gone."""
+        self._set(State.CLOSED)
+        self.close_storage()
+
+    def _close_command(self, url: str, url_tls: str) -> Command:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """A send written to storage, as its receipt will need it."""
+
+    sequence_id: int
+    highest_sequence_id: int
+    accepted_ns: int
+
+
+class ClientProducer(Handle):
+    """A client's producer, writing through a :class:`StorageProducer`."""
+
+    kind = "producer"
+
+    def __init__(
+        self,
+        client: Client,
+        services: Services,
+        command: api.CommandProducer,
+        topic: Topic,
+        bundle: BundleId,
+        name: str,
+        on_write: Callable[[ClientProducer, int, api.MessageIdData], None],
+    ) -> None:
+        super().__init__(client, services, command.producer_id, topic, bundle)
+        self.name = name
+        self._on_write = on_write
+        self.storage = StorageProducer(services.storage, topic.name, self._receipt, self._lost)
+
+    def _count(self, delta: int) -> None:
+        self.traffic.producers += delta
+
+    def send(self, send: api.CommandSend, payload: bytes | None) -> bool:
+        """Forward one SEND if the front serves the topic now; False when it was dropped (the
+        handle is fenced then, and its client will be told to reconnect)."""
+        if self.state is not State.OPEN:
+            return False
+        if not self.services.accepts(self):
+            self.services.handle_lost(self, "the front no longer serves the topic")
+            return False
+        if payload is None:
+            payload = b""
+        num = send.num_messages
+        highest = send.highest_sequence_id or send.sequence_id + num - 1
+        self.storage.send(num, payload, _Send(send.sequence_id, highest, time.monotonic_ns()))
+        self.traffic.sent(num, len(payload))
+        return True
+
+    def _receipt(self, token: object, message_id: api.MessageIdData) -> None:
+        assert isinstance(token, _Send)
+        if self.state is State.CLOSED:
+            return
+        receipt = api.CommandSendReceipt(
+            producer_id=self.client_id,
+            sequence_id=token.sequence_id,
+            highest_sequence_id=token.highest_sequence_id,
+        )
+        receipt.message_id.CopyFrom(message_id)
+        self.client.write(Command(type=Type.SEND_RECEIPT, send_receipt=receipt))
+        self._on_write(self, token.accepted_ns, message_id)
+
+    def _lost(self, why: str) -> None:
+        if self.state in (State.OPEN, State.OPENING):
+            self.services.handle_lost(self, why)
+
+    async def _stop_storage(self, drain_s: float) -> None:
+        if self.storage.pending and not await self.storage.drain(drain_s):
+            _log.warning(
+                "%s: %d sends not receipted by storage within %g s; the client will send them "
+                "again",
+                self,
+                self.storage.pending,
+                drain_s,
+            )
+        self.close_storage()
+
+    def close_storage(self) -> None:
+        self.storage.close()
+
+    def _close_command(self, url: str, url_tls: str) -> Command:
+        close = api.CommandCloseProducer(producer_id=self.client_id, request_id=0)
+        if url:
+            close.assignedBrokerServiceUrl = url
+        if url_tls:
+            close.assignedBrokerServiceUrlTls = url_tls
+        return Command(type=Type.CLOSE_PRODUCER, close_producer=close)
+
+
+class ClientConsumer(Handle):
+    """A client's consumer, reading through a :class:`StorageConsumer`."""
+
+    kind = "consumer"
+
+    def __init__(
+        self,
+        client: Client,
+        services: Services,
+        command: api.CommandSubscribe,
+        topic: Topic,
+        bundle: BundleId,
+    ) -> None:
+        super().__init__(client, services, command.consumer_id, topic, bundle)
+        self.subscription = command.subscription
+        self.storage = StorageConsumer(services.storage, command, self._delivered, self._lost)
+
+    def _count(self, delta: int) -> None:
+        self.traffic.consumers += delta
+
+    def flow(self, permits: int) -> None:
+        """Pass the client's permits on."""
+        if self.state is State.OPEN:
+            self.storage.flow(permits)
+
+    def ack(self, ack: api.CommandAck) -> bool:
+        """Forward an acknowledgement if the front serves the topic now; False when dropped
+        (the message will be delivered again, by the next owner)."""
+        if self.state is not State.OPEN:
+            return False
+        if not self.services.accepts(self):
+            self.services.handle_lost(self, "the front no longer serves the topic")
+            return False
+        self.storage.ack(ack)
+        return True
+
+    def redeliver(self, redeliver: api.CommandRedeliverUnacknowledgedMessages) -> None:
+        """Pass a redelivery request on."""
+        if self.state is State.OPEN:
+            self.storage.redeliver(redeliver)
+
+    def _delivered(self, frame: Frame) -> None:
+        if self.state is not State.OPEN:
+            return  # not acknowledged: storage delivers it again to the next consumer
+        command = frame.command
+        kind = frame.type
+        if kind == Type.MESSAGE:
+            command.message.consumer_id = self.client_id
+            payload = frame.payload or b""
+            self.traffic.delivered(len(payload))
+            self.client.write(command, payload)
+        elif kind == Type.ACTIVE_CONSUMER_CHANGE:
+            command.active_consumer_change.consumer_id = self.client_id
+            self.client.write(command)
+        elif kind == Type.REACHED_END_OF_TOPIC:
+            command.reachedEndOfTopic.consumer_id = self.client_id
+            self.client.write(command)
+
+    def _lost(self, why: str) -> None:
+        if self.state in (State.OPEN, State.OPENING):
+            self.services.handle_lost(self, why)
+
+    async def _stop_storage(self, drain_s: float) -> None:
+        # Storage must have let go of an Exclusive or Failover subscription before the client
+        # is sent to the next owner, or the client would get ConsumerBusy there, which it does
+        # not retry.
+        try:
+            async with asyncio.timeout(drain_s):
+                await self.storage.close_gracefully()
+        except TimeoutError:
+            _log.warning("%s: storage did not confirm the close within %g s", self, drain_s)
+        self.close_storage()
+
+    def close_storage(self) -> None:
+        self.storage.close()
+
+    def _close_command(self, url: str, url_tls: str) -> Command:
+        close = api.CommandCloseConsumer(consumer_id=self.client_id, request_id=0)
+        if url:
+            close.assignedBrokerServiceUrl = url
+        if url_tls:
+            close.assignedBrokerServiceUrlTls = url_tls
+        return Command(type=Type.CLOSE_CONSUMER, close_consumer=close)

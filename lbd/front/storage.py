@@ -1,0 +1,494 @@
+"""The front's connections to the storage server: one producer or one consumer each.
+
+The brokers of a cluster keep their topics in one shared storage server that speaks Pulsar's
+binary protocol (a pulsar-lite in the dev cluster, the role BookKeeper plays in Apache Pulsar).
+For each client producer or consumer it serves, the front opens a :class:`StorageProducer` or
+:class:`StorageConsumer` on a connection of its own (:class:`StorageLink`), and forwards what the
+client sends and what storage delivers.
+
+Why a connection per handle: pulsar-lite drops a whole connection when a second consumer joins
+an Exclusive subscription (a consumer a paused former owner still holds, say); on a connection
+of its own only that subscription's open fails, and its client retries. Closing a handle closes
+its socket, which storage notices at once.
+
+Errors: :class:`StorageUnavailableError` when storage cannot be reached, does not answer within
+the timeout, or the connection drops; :class:`StorageRefusedError` (with Pulsar's server error
+code) when storage answered with an error. Neither ever escapes a callback: a lost connection
+is reported to the handle's ``on_lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lbd import __version__
+from lbd.core.errors import LbdError
+from lbd.front import wire
+from lbd.front.wire import Command, Frame, FrameDecoder, FrameError, Type
+from lbd.gen.pulsar import pulsar_api_pb2 as api
+
+_log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 20
+"""The protocol version the front speaks to storage (and announces to clients at most)."""
+
+_HANDLE_ID = 1
+"""The producer or consumer id on a link: each link carries one handle."""
+
+
+class StorageUnavailableError(LbdError):
+    """Storage cannot be reached, did not answer in time, or the connection dropped."""
+
+
+class StorageRefusedError(LbdError):
+    """Storage answered a request with an error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"storage refused: {api.ServerError.Name(code)}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class StorageAddress:
+    """Where the storage server listens, and how to reach it."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None = None
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 10.0
+
+    @classmethod
+    def parse(cls, url: str, **kwargs: Any) -> StorageAddress:
+        """``pulsar://host:port`` (or ``pulsar+ssl://`` with ``tls`` given)."""
+        scheme, sep, rest = url.partition("://")
+        host, colon, port = rest.rstrip("/").rpartition(":")
+        if not sep or scheme not in ("pulsar", "pulsar+ssl") or not colon or not port.isdigit():
+            raise LbdError(f"storage URL must be pulsar://HOST:PORT, got {url!r}")
+        if scheme == "pulsar+ssl" and kwargs.get("tls") is None:
+            raise LbdError(f"storage URL {url!r} is TLS: give the front a CA for storage")
+        return cls(host.strip("[]"), int(port), **kwargs)
+
+
+class StorageLink(asyncio.Protocol):
+    """One connection to storage: requests answered by request id, fire-and-forget frames, and
+    every other frame handed to ``on_frame``. ``on_lost`` is called once when the connection
+    ends for any reason other than :meth:`close`."""
+
+    def __init__(
+        self,
+        address: StorageAddress,
+        on_frame: Callable[[Frame], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self._address = address
+        self._on_frame = on_frame
+        self._on_lost: Callable[[str], None] | None = on_lost
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        self._requests: dict[int, asyncio.Future[Frame]] = {}
+        self._request_ids = itertools.count(1)
+        self._connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        address: StorageAddress,
+        on_frame: Callable[[Frame], None],
+        on_lost: Callable[[str], None],
+    ) -> StorageLink:
+        """Connect and complete the handshake; StorageUnavailableError when it fails."""
+        loop = asyncio.get_running_loop()
+        link = cls(address, on_frame, on_lost)
+        try:
+            async with asyncio.timeout(address.connect_timeout_s):
+                await loop.create_connection(
+                    lambda: link, address.host, address.port, ssl=address.tls
+                )
+                link._write(
+                    Command(
+                        type=Type.CONNECT,
+                        connect=api.CommandConnect(
+                            client_version=f"lbd-front/{__version__}",
+                            protocol_version=PROTOCOL_VERSION,
+                        ),
+                    )
+                )
+                await link._connected
+        except (OSError, TimeoutError) as e:
+            link.close()
+            why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+            raise StorageUnavailableError(
+                f"storage {address.host}:{address.port} unreachable: {why}"
+            ) from None
+        return link
+
+    @property
+    def open_now(self) -> bool:
+        """Whether the connection is up."""
+        return self._transport is not None and not self._closed
+
+    @property
+    def buffered(self) -> int:
+        """Bytes written but not yet taken by the kernel."""
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
+
+    def send(self, command: Command, payload: bytes | None = None) -> None:
+        """Write a frame that expects no answer by request id (SEND, FLOW, ACK...)."""
+        self._write(command, payload)
+
+    async def request(self, command: Command) -> Frame:
+        """Write a request, giving it a request id, and wait for its answer (SUCCESS,
+        PRODUCER_SUCCESS, ... or ERROR, raised as StorageRefusedError)."""
+        if not self.open_now:
+            raise StorageUnavailableError("storage connection closed")
+        request_id = next(self._request_ids)
+        getattr(command, _REQUESTS[command.type]).request_id = request_id
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        try:
+            self._write(command)
+            async with asyncio.timeout(self._address.request_timeout_s):
+                frame = await future
+        except TimeoutError:
+            raise StorageUnavailableError(
+                f"storage did not answer {wire.type_name(command.type)} within "
+                f"{self._address.request_timeout_s:g} s"
+            ) from None
+        finally:
+            self._requests.pop(request_id, None)
+        if frame.type == Type.ERROR:
+            raise StorageRefusedError(frame.command.error.error, frame.command.error.message)
+        return frame
+
+    def close(self) -> None:
+        """Drop the connection (no ``on_lost`` call); idempotent."""
+        self._closed = True
+        self._on_lost = None
+        if self._transport is not None:
+            self._transport.close()
+        self._fail_requests("storage connection closed")
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+        if self._closed:
+            transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as e:
+            self._lost(f"unreadable frame from storage: {e}")
+            return
+        for frame in frames:
+            self._dispatch(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._lost(f"connection to storage lost: {exc}" if exc else "storage closed the connection")
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _write(self, command: Command, payload: bytes | None = None) -> None:
+        if self._transport is None or self._closed:
+            return
+        self._transport.write(wire.encode(command, payload))
+
+    def _dispatch(self, frame: Frame) -> None:
+        kind = frame.type
+        if kind == Type.CONNECTED:
+            if not self._connected.done():
+                self._connected.set_result(None)
+        elif kind == Type.PING:
+            self._write(Command(type=Type.PONG, pong=api.CommandPong()))
+        elif kind == Type.PONG:
+            pass
+        elif (request_id := _request_id(frame)) is not None:
+            future = self._requests.get(request_id)
+            if future is not None and not future.done():
+                future.set_result(frame)
+        else:
+            self._on_frame(frame)
+
+    def _lost(self, why: str) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        if not self._connected.done():
+            self._connected.set_exception(OSError(why))
+        self._fail_requests(why)
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None and not self._closed:
+            self._closed = True
+            callback(why)
+
+    def _fail_requests(self, why: str) -> None:
+        for future in self._requests.values():
+            if not future.done():
+                future.set_exception(StorageUnavailableError(why))
+        self._requests.clear()
+
+
+_REQUESTS = {
+    Type.PRODUCER: "producer",
+    Type.SUBSCRIBE: "subscribe",
+    Type.CLOSE_CONSUMER: "close_consumer",
+    Type.GET_LAST_MESSAGE_ID: "getLastMessageId",
+    Type.SEEK: "seek",
+    Type.UNSUBSCRIBE: "unsubscribe",
+}
+"""The field of each request the front sends storage (where its request id goes)."""
+
+_ANSWERS = {
+    Type.SUCCESS: "success",
+    Type.ERROR: "error",
+    Type.PRODUCER_SUCCESS: "producer_success",
+    Type.GET_LAST_MESSAGE_ID_RESPONSE: "getLastMessageIdResponse",
+}
+
+
+def _request_id(frame: Frame) -> int | None:
+    """The request id of an answer to a request, None for any other frame."""
+    field = _ANSWERS.get(frame.type)  # type: ignore[call-overload]
+    if field is None:
+        return None
+    return int(getattr(frame.command, field).request_id)
+
+
+class StorageProducer:
+    """A producer on storage for one client producer.
+
+    Sends are written in the order :meth:`send` is called; storage receipts them in that order,
+    and each receipt is handed to ``on_receipt`` with the token its send was given.
+    ``on_lost(why)`` is called once when the producer can write no more (the connection dropped,
+    storage closed it, or storage failed a send): the sends still pending may or may not be
+    stored.
+    """
+
+    def __init__(
+        self,
+        address: StorageAddress,
+        topic: str,
+        on_receipt: Callable[[object, api.MessageIdData], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self._address = address
+        self._topic = topic
+        self._on_receipt = on_receipt
+        self._on_lost: Callable[[str], None] | None = on_lost
+        self._link: StorageLink | None = None
+        self._sequence = itertools.count()
+        self._pending: collections.deque[tuple[int, object]] = collections.deque()
+        self._drained: asyncio.Event = asyncio.Event()
+        self._drained.set()
+
+    @property
+    def pending(self) -> int:
+        """Sends written and not receipted yet."""
+        return len(self._pending)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes written but not yet taken by the kernel."""
+        return self._link.buffered if self._link is not None else 0
+
+    async def open(self) -> None:
+        """Create the producer on storage; StorageUnavailableError or StorageRefusedError."""
+        self._link = await StorageLink.open(self._address, self._frame, self._lost)
+        producer = api.CommandProducer(topic=self._topic, producer_id=_HANDLE_ID, request_id=0)
+        try:
+            await self._link.request(Command(type=Type.PRODUCER, producer=producer))
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, num_messages: int, payload: bytes, token: object) -> None:
+        """Write one SEND (a message or a batch of ``num_messages``) with its payload part."""
+        if self._link is None:
+            raise StorageUnavailableError("storage producer not open")
+        sequence = next(self._sequence)
+        self._pending.append((sequence, token))
+        self._drained.clear()
+        self._link.send(
+            Command(
+                type=Type.SEND,
+                send=api.CommandSend(
+                    producer_id=_HANDLE_ID, sequence_id=sequence, num_messages=num_messages
+                ),
+            ),
+            payload,
+        )
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every send written so far was receipted; False when it took longer than
+        ``timeout_s`` or the producer was lost first."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._drained.wait()
+        return not self._pending and self._on_lost is not None
+
+    def close(self) -> None:
+        """Close the producer's connection (storage drops the producer); idempotent."""
+        self._on_lost = None
+        if self._link is not None:
+            self._link.close()
+        self._drained.set()
+
+    def _frame(self, frame: Frame) -> None:
+        kind = frame.type
+        if kind == Type.SEND_RECEIPT:
+            receipt = frame.command.send_receipt
+            if not self._pending or self._pending[0][0] != receipt.sequence_id:
+                head = self._pending[0][0] if self._pending else None
+                self._lost(f"receipt for send {receipt.sequence_id} out of order (expected {head})")
+                return
+            _, token = self._pending.popleft()
+            if not self._pending:
+                self._drained.set()
+            self._on_receipt(token, receipt.message_id)
+        elif kind == Type.SEND_ERROR:
+            error = frame.command.send_error
+            name = api.ServerError.Name(error.error)
+            self._lost(f"storage failed a send: {name}: {error.message}")
+        elif kind == Type.CLOSE_PRODUCER:
+            self._lost("storage closed the producer")
+        else:
+            _log.debug("storage producer on %s ignores %s", self._topic, wire.type_name(kind))
+
+    def _lost(self, why: str) -> None:
+        callback, self._on_lost = self._on_lost, None
+        if self._link is not None:
+            self._link.close()
+        self._drained.set()
+        if callback is not None:
+            callback(why)
+
+
+class StorageConsumer:
+    """A consumer on storage for one client consumer: its subscription, permits, acks and
+    redeliveries pass through; each MESSAGE, ACTIVE_CONSUMER_CHANGE and REACHED_END_OF_TOPIC
+    storage sends is handed to ``on_frame`` (the consumer id in it is storage's, not the
+    client's). ``on_lost(why)`` is called once when storage can deliver no more."""
+
+    def __init__(
+        self,
+        address: StorageAddress,
+        subscribe: api.CommandSubscribe,
+        on_frame: Callable[[Frame], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self._address = address
+        self._subscribe = api.CommandSubscribe()
+        self._subscribe.CopyFrom(subscribe)
+        self._subscribe.consumer_id = _HANDLE_ID
+        self._on_frame = on_frame
+        self._on_lost: Callable[[str], None] | None = on_lost
+        self._link: StorageLink | None = None
+
+    async def open(self) -> None:
+        """Subscribe on storage; StorageUnavailableError or StorageRefusedError."""
+        self._link = await StorageLink.open(self._address, self._frame, self._lost)
+        try:
+            await self._link.request(Command(type=Type.SUBSCRIBE, subscribe=self._subscribe))
+        except BaseException:
+            self.close()
+            raise
+
+    def flow(self, permits: int) -> None:
+        """Let storage deliver ``permits`` more messages."""
+        self._send(
+            Command(
+                type=Type.FLOW,
+                flow=api.CommandFlow(consumer_id=_HANDLE_ID, messagePermits=permits),
+            )
+        )
+
+    def ack(self, ack: api.CommandAck) -> None:
+        """Acknowledge on storage what the client acknowledged (an ack receipt's request id is
+        dropped: the front answers the client itself)."""
+        out = api.CommandAck()
+        out.CopyFrom(ack)
+        out.consumer_id = _HANDLE_ID
+        out.ClearField("request_id")
+        self._send(Command(type=Type.ACK, ack=out))
+
+    def redeliver(self, redeliver: api.CommandRedeliverUnacknowledgedMessages) -> None:
+        """Ask storage to deliver the client's unacknowledged messages again."""
+        out = api.CommandRedeliverUnacknowledgedMessages()
+        out.CopyFrom(redeliver)
+        out.consumer_id = _HANDLE_ID
+        self._send(
+            Command(
+                type=Type.REDELIVER_UNACKNOWLEDGED_MESSAGES, redeliverUnacknowledgedMessages=out
+            )
+        )
+
+    async def last_message_id(self) -> api.CommandGetLastMessageIdResponse:
+        """Storage's answer to GET_LAST_MESSAGE_ID for this consumer."""
+        inner = api.CommandGetLastMessageId(consumer_id=_HANDLE_ID, request_id=0)
+        frame = await self._link_now().request(
+            Command(type=Type.GET_LAST_MESSAGE_ID, getLastMessageId=inner)
+        )
+        return frame.command.getLastMessageIdResponse
+
+    async def seek(self, seek: api.CommandSeek) -> None:
+        """Reset the subscription as the client asked."""
+        inner = api.CommandSeek()
+        inner.CopyFrom(seek)
+        inner.consumer_id = _HANDLE_ID
+        await self._link_now().request(Command(type=Type.SEEK, seek=inner))
+
+    async def unsubscribe(self, force: bool) -> None:
+        """Delete the subscription on storage."""
+        inner = api.CommandUnsubscribe(consumer_id=_HANDLE_ID, request_id=0, force=force)
+        await self._link_now().request(Command(type=Type.UNSUBSCRIBE, unsubscribe=inner))
+
+    async def close_gracefully(self) -> None:
+        """Close the consumer on storage and wait for storage to confirm it (so that an Exclusive
+        or Failover subscription is free for the next owner), then drop the connection."""
+        link = self._link
+        self._on_lost = None
+        if link is not None and link.open_now:
+            inner = api.CommandCloseConsumer(consumer_id=_HANDLE_ID, request_id=0)
+            with contextlib.suppress(LbdError):
+                await link.request(Command(type=Type.CLOSE_CONSUMER, close_consumer=inner))
+        self.close()
+
+    def close(self) -> None:
+        """Drop the consumer's connection (storage drops the consumer); idempotent."""
+        self._on_lost = None
+        if self._link is not None:
+            self._link.close()
+
+    def _link_now(self) -> StorageLink:
+        if self._link is None or not self._link.open_now:
+            raise StorageUnavailableError("storage consumer not open")
+        return self._link
+
+    def _send(self, command: Command) -> None:
+        if self._link is not None:
+            self._link.send(command)
+
+    def _frame(self, frame: Frame) -> None:
+        if frame.type == Type.CLOSE_CONSUMER:
+            self._lost("storage closed the consumer")
+        else:
+            self._on_frame(frame)
+
+    def _lost(self, why: str) -> None:
+        callback, self._on_lost = self._on_lost, None
+        if self._link is not None:
+            self._link.close()
+        if callback is not None:
+            callback(why)
