@@ -1,8 +1,9 @@
 """``lbd dev``: a local cluster on loopback ports, for trying lbd out and for end-to-end tests.
 
-``lbd dev up`` starts etcd, pulsar-lite, N sidecars (``lbd serve``) and N simulated brokers in
-the background and returns once every broker is registered; ``lbd dev down`` stops them all.
-Everything (records, data, logs) lives in the state directory.
+``lbd dev up`` starts etcd, pulsar-lite (the state channel), a storage pulsar-lite (the brokers'
+topics), N sidecars (``lbd serve``) and N broker fronts (``lbd broker``: Pulsar clients produce
+and consume through them) in the background and returns once every broker is registered; ``lbd
+dev down`` stops them all. Everything (records, data, logs) lives in the state directory.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from lbd.core.errors import InvalidInputError
 from lbd.devcluster.cluster import (
     DEFAULT_NAMESPACE,
     DevCluster,
@@ -32,7 +34,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--traffic",
         action="store_true",
-        help="brokers produce synthetic load, and the 16 bundles of public/demo are assigned",
+        help="real clients produce and consume on 32 topics of public/demo (16 bundles, all "
+        "assigned); with --sim-brokers, the brokers make up synthetic load instead",
+    )
+    p.add_argument(
+        "--sim-brokers",
+        action="store_true",
+        help="simulated brokers (synthetic load, no clients) instead of broker fronts: for "
+        "benchmarks of thousands of bundles",
     )
     p.add_argument(
         "--secure",
@@ -59,6 +68,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run_addr)
 
     p = verbs.add_parser(
+        "url", help="print the Pulsar service URL of the brokers (for clients, scripts)"
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
+    p.set_defaults(func=run_url)
+
+    p = verbs.add_parser(
         "env", help="print the shell exports that give `lbd ctl` the admin's credentials"
     )
     p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
@@ -68,7 +83,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_up(args: argparse.Namespace) -> int:
     """Start the cluster and print how to use it."""
     spec = DevClusterSpec(
-        brokers=args.brokers, traffic=args.traffic, secure=args.secure
+        brokers=args.brokers,
+        traffic=args.traffic,
+        secure=args.secure,
+        sim_brokers=args.sim_brokers,
     ).with_overrides(args.settings)
     print(f"starting {spec.brokers} sidecars and brokers in {args.state_dir} ...", flush=True)
     cluster = up(args.state_dir, spec)
@@ -88,6 +106,17 @@ def run_down(args: argparse.Namespace) -> int:
 def run_addr(args: argparse.Namespace) -> int:
     """Print the gRPC address of a sidecar."""
     print(load_cluster(args.state_dir).node(args.broker).grpc_addr)
+    return 0
+
+
+def run_url(args: argparse.Namespace) -> int:
+    """Print the service URL naming every broker front."""
+    cluster = load_cluster(args.state_dir)
+    if not cluster.service_url:
+        raise InvalidInputError(
+            f"the dev cluster in {args.state_dir} runs simulated brokers: no client can connect"
+        )
+    print(cluster.service_url)
     return 0
 
 
@@ -122,12 +151,18 @@ def usage(cluster: DevCluster, state_dir: Path) -> str:
         f"dev cluster {cluster.cluster!r} is up ({len(cluster.nodes)} brokers; records, data and "
         f"logs in {state_dir})",
         f"  etcd         {cluster.etcd_endpoint}",
-        f"  pulsar-lite  {cluster.pulsar_url}",
+        f"  pulsar-lite  {cluster.pulsar_url}  (state channel, load topics)",
     ]
-    lines.extend(
-        f"  {n.broker_id:<12} sidecar {n.grpc_addr}  metrics http://{n.metrics_addr}/metrics"
-        for n in cluster.nodes
-    )
+    if cluster.storage_url:
+        lines.append(f"  storage      {cluster.storage_url}  (the brokers' topics)")
+    for n in cluster.nodes:
+        broker = f"  broker {n.service_url}" if n.service_url else ""
+        lines.append(
+            f"  {n.broker_id:<12} sidecar {n.grpc_addr}  metrics http://{n.metrics_addr}/metrics"
+            + broker
+        )
+    if cluster.load is not None:
+        lines.append(f"  clients      lbd load (log: {cluster.load.log})")
     topic = f"persistent://{DEFAULT_NAMESPACE}/my-topic"
     c = cluster.client
     grpcurl = "grpcurl -plaintext"
@@ -144,7 +179,26 @@ def usage(cluster: DevCluster, state_dir: Path) -> str:
         f"  lbd ctl --server {first} bundles",
         f'  {grpcurl} -d \'{{"topic": "{topic}"}}\' {first} lbd.v1.LoadBalancer/Lookup',
         f"  {grpcurl} {first} lbd.v1.Admin/ListBrokers",
-        "",
-        f"Stop it with: lbd dev down --state-dir {state_dir}",
     ]
+    if cluster.service_url:
+        lines += ["", "A Pulsar client (pip install pulsar-client):", _client_snippet(cluster)]
+    lines += ["", f"Stop it with: lbd dev down --state-dir {state_dir}"]
     return "\n".join(lines)
+
+
+def _client_snippet(cluster: DevCluster) -> str:
+    """A client session to paste into a shell."""
+    tls = ""
+    c = cluster.pulsar_client
+    if c:
+        tls = (
+            f", tls_trust_certs_file_path='{c['ca_file']}', authentication="
+            f"pulsar.AuthenticationTLS('{c['cert_file']}', '{c['key_file']}')"
+        )
+    return (
+        '  python -c "import pulsar; '
+        f"c = pulsar.Client('{cluster.service_url}'{tls}); "
+        "p = c.create_producer('my-topic'); p.send(b'hello'); "
+        "s = c.subscribe('my-topic', 'my-sub', initial_position=pulsar.InitialPosition.Earliest); "
+        'm = s.receive(); print(m.data()); s.acknowledge(m); c.close()"'
+    )

@@ -23,6 +23,7 @@ from lbd.cli import (
     ctl,
     demo,
     dev,
+    load,
     serve,
     shed,
     sim,
@@ -32,7 +33,21 @@ from lbd.core.errors import InvalidInputError, LbdError
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
-_GROUPS = (serve, broker, ctl, dev, sim, shed, bench, channel, config_cmd, auth, demo, analytics)
+_GROUPS = (
+    serve,
+    broker,
+    ctl,
+    dev,
+    load,
+    sim,
+    shed,
+    bench,
+    channel,
+    config_cmd,
+    auth,
+    demo,
+    analytics,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

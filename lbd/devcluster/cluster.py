@@ -1,11 +1,14 @@
 """A local cluster on loopback ports: ``lbd dev up`` and ``lbd dev down``.
 
 ``up`` starts a detached *supervisor* (:mod:`lbd.devcluster.supervisor`) in a session of its own
-and waits until it reports the cluster ready; the supervisor starts etcd, pulsar-lite, N sidecars
-(``lbd serve``) and N simulated brokers (``lbd sim broker``), each a child that dies with it,
-writes ``cluster.json`` (every endpoint, pid and log) and then waits for SIGTERM. ``down`` sends
-the supervisor SIGTERM, which stops the brokers, the sidecars, pulsar-lite and etcd in that
-order; after a bound it uses SIGKILL, and kills whatever recorded process is still alive.
+and waits until it reports the cluster ready; the supervisor starts etcd, pulsar-lite (the state
+channel and load topics), a second pulsar-lite (the storage every broker keeps its topics in), N
+sidecars (``lbd serve``) and N broker fronts (``lbd broker``; simulated brokers, ``lbd sim
+broker``, with ``--sim-brokers``), each a child that dies with it, with ``--traffic`` real
+clients (``lbd load``), writes ``cluster.json`` (every endpoint, pid and log) and then waits for
+SIGTERM. ``down`` sends the supervisor SIGTERM, which stops the load, the brokers, the sidecars,
+the storage, pulsar-lite and etcd in that order; after a bound it uses SIGKILL, and kills
+whatever recorded process is still alive.
 
 The state directory holds everything: ``cluster.json``, ``supervisor.pid``, ``supervisor.log``,
 and one directory per process with its data and log. Each ``up`` starts a fresh cluster: the
@@ -38,8 +41,12 @@ TRAFFIC_NAMESPACE = "public/demo"
 """With ``--traffic``: created with ``namespace_bundles`` bundles, every one of them assigned."""
 TRAFFIC_NAMESPACE_BUNDLES = 16
 TRAFFIC_MSG_RATE = 120.0
-"""Mean messages/s per topic of the simulated brokers with ``--traffic``: with a third of
-``public/demo`` each, about 40% load on average, unevenly (a few topics are hot)."""
+"""Mean messages/s per topic of the simulated brokers with ``--traffic --sim-brokers``: with a
+third of ``public/demo`` each, about 40% load on average, unevenly (a few topics are hot)."""
+TRAFFIC_TOPICS = 32
+"""Topics the real clients of ``--traffic`` produce to and consume, spread over public/demo."""
+TRAFFIC_RATE = 20.0
+"""Messages/s each of those topics gets (a few topics get more: see ``lbd load``)."""
 
 MARKER = "lbd-dev-cluster"
 CLUSTER_FILE = "cluster.json"
@@ -93,6 +100,9 @@ class DevClusterSpec:
     secure: bool = False
     """TLS and authentication everywhere: etcd, the sidecars' API, brokers, ``lbd ctl``
     (:mod:`lbd.devcluster.secure`)."""
+    sim_brokers: bool = False
+    """Simulated brokers (synthetic load, no clients) instead of broker fronts: for the
+    benchmarks of thousands of bundles."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.brokers <= 32:
@@ -109,7 +119,12 @@ class DevClusterSpec:
                 raise InvalidInputError(f"--set expects section.key=value, got {pair!r}")
             settings[key.strip()] = value.strip()
         return DevClusterSpec(
-            self.brokers, self.traffic, settings, self.namespace_bundles, self.secure
+            self.brokers,
+            self.traffic,
+            settings,
+            self.namespace_bundles,
+            self.secure,
+            self.sim_brokers,
         )
 
     def to_args(self) -> list[str]:
@@ -119,6 +134,8 @@ class DevClusterSpec:
             args.append("--traffic")
         if self.secure:
             args.append("--secure")
+        if self.sim_brokers:
+            args.append("--sim-brokers")
         args.extend(f"--set={k}={v}" for k, v in self.settings.items())
         return args
 
@@ -135,7 +152,8 @@ class ProcessRecord:
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """One broker of the cluster: its sidecar, its simulated broker and their addresses."""
+    """One broker of the cluster: its sidecar, its broker (a front, or a simulated one) and
+    their addresses."""
 
     broker_id: str
     grpc_addr: str
@@ -143,6 +161,10 @@ class NodeRecord:
     sidecar: ProcessRecord
     broker: ProcessRecord
     events_file: str
+    service_url: str = ""
+    """What a Pulsar client connects to (empty for a simulated broker, which serves nothing)."""
+    broker_metrics_addr: str = ""
+    """The broker front's /metrics (empty for a simulated broker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +184,23 @@ class DevCluster:
     """How an operator reaches the sidecars: ``ca_file``, ``cert_file``, ``key_file`` of the
     admin's certificate (a secure cluster), ``token`` (``grpc.admin_token`` set); empty when
     the sidecars authenticate nobody."""
+    storage_url: str = ""
+    """The storage server the broker fronts keep topics in (empty with simulated brokers)."""
+    storage: ProcessRecord | None = None
+    load: ProcessRecord | None = None
+    """``lbd load``, with ``--traffic`` and broker fronts."""
+    pulsar_client: dict[str, str] = field(default_factory=dict)
+    """How a Pulsar client reaches the brokers of a secure cluster: ``ca_file``, ``cert_file``,
+    ``key_file``; empty for plaintext."""
+
+    @property
+    def service_url(self) -> str:
+        """One Pulsar service URL naming every broker front (clients look up through any)."""
+        urls = [n.service_url for n in self.nodes if n.service_url]
+        if not urls:
+            return ""
+        scheme = urls[0].partition("://")[0]
+        return f"{scheme}://" + ",".join(u.partition("://")[2] for u in urls)
 
     def credentials(self) -> ClientCredentials:
         """The admin's client credentials (see :attr:`client`)."""
@@ -186,10 +225,13 @@ class DevCluster:
         raise NotFoundError(f"no broker {broker_id!r} in the dev cluster (brokers: {known})")
 
     def processes(self) -> list[ProcessRecord]:
-        """Every process, in stopping order: brokers, sidecars, pulsar-lite, etcd."""
+        """Every process, in stopping order: load, brokers, sidecars, storage, pulsar-lite,
+        etcd."""
         return [
+            *([self.load] if self.load is not None else []),
             *(n.broker for n in self.nodes),
             *(n.sidecar for n in self.nodes),
+            *([self.storage] if self.storage is not None else []),
             self.pulsar,
             self.etcd,
         ]
@@ -223,9 +265,17 @@ class DevCluster:
                 ),
                 settings=dict(data["settings"]),
                 client=dict(data.get("client", {})),
+                storage_url=data.get("storage_url", ""),
+                storage=_optional_record(data.get("storage")),
+                load=_optional_record(data.get("load")),
+                pulsar_client=dict(data.get("pulsar_client", {})),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"not a dev cluster record: {e}") from None
+
+
+def _optional_record(data: dict[str, object] | None) -> ProcessRecord | None:
+    return None if data is None else ProcessRecord(**data)  # type: ignore[arg-type]
 
 
 def process_start_ticks(pid: int) -> int | None:

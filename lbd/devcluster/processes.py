@@ -1,16 +1,20 @@
-"""``lbd serve`` sidecars and ``lbd sim broker`` brokers run as managed child processes.
+"""``lbd serve`` sidecars, ``lbd broker`` fronts (or ``lbd sim broker`` simulated brokers) and
+``lbd load`` traffic run as managed child processes.
 
 They reuse :class:`~lbd.devcluster.servers.ManagedServer`: own session, log file in their working
 directory, death with the parent, SIGTERM-then-SIGKILL stop. A sidecar is healthy when its
-``grpc.health.v1`` overall status is SERVING; a simulated broker has no server to probe, so it is
-healthy while it runs (the cluster checks it by its registration instead).
+``grpc.health.v1`` overall status is SERVING, a broker front when its port completes a Pulsar
+handshake; a simulated broker and the load have no server to probe, so they are healthy while
+they run (the cluster checks a broker by its registration instead).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -18,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.devcluster.ports import LOOPBACK
-from lbd.devcluster.servers import DEFAULT_START_TIMEOUT_S, ManagedServer
+from lbd.devcluster.servers import DEFAULT_START_TIMEOUT_S, ManagedServer, pulsar_handshake
 
 ENV_PREFIX = "LBD_"
 
@@ -160,6 +164,124 @@ class SimBrokerProcess(_LbdProcess):
     @property
     def endpoint(self) -> str:
         return f"sim broker {self.broker_id} -> {self.sidecar_addr}"
+
+    def _probe(self, timeout_s: float) -> bool:
+        return True
+
+
+class FrontProcess(_LbdProcess):
+    """``lbd broker``: the broker front of one sidecar, logging its events to ``events.jsonl``.
+
+    Healthy once its client port completes a Pulsar handshake (over TLS when it has a
+    certificate)."""
+
+    name = "lbd-broker"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        broker_id: str,
+        port: int,
+        metrics_port: int,
+        sidecar_addr: str,
+        storage_url: str,
+        env: Mapping[str, str],
+        tls: FrontTls | None = None,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        self.broker_id = broker_id
+        self.sidecar_addr = sidecar_addr
+        self.port = port
+        self.metrics_addr = f"{LOOPBACK}:{metrics_port}"
+        self._tls = tls
+        settings = {
+            "front.metrics_addr": self.metrics_addr,
+            "front.events_file": str(workdir.resolve() / "events.jsonl"),
+            # Every broker of a dev cluster shares the host: each reports its own process.
+            "front.usage_source": "process",
+        }
+        if tls is None:
+            settings["front.addr"] = f"{LOOPBACK}:{port}"
+        else:
+            settings.update(tls.settings(f"{LOOPBACK}:{port}"))
+        args = [
+            "broker",
+            f"--broker-id={broker_id}",
+            f"--sidecar={sidecar_addr}",
+            f"--storage-url={storage_url}",
+            *(f"--set={k}={v}" for k, v in settings.items()),
+        ]
+        super().__init__(workdir, args, env, start_timeout_s=start_timeout_s)
+
+    @property
+    def service_url(self) -> str:
+        """What a client connects to."""
+        scheme = "pulsar" if self._tls is None else "pulsar+ssl"
+        return f"{scheme}://{LOOPBACK}:{self.port}"
+
+    @property
+    def events_path(self) -> Path:
+        """Where the broker appends its own/release/close/session/lease/write events."""
+        return self.workdir / "events.jsonl"
+
+    @property
+    def endpoint(self) -> str:
+        return self.service_url
+
+    def _probe(self, timeout_s: float) -> bool:
+        context = self._tls.probe_context() if self._tls is not None else None
+        return pulsar_handshake(self.port, timeout_s, context)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontTls:
+    """A secure dev cluster's broker front: TLS only, clients with certificates of the cluster's
+    CA, and the broker's own certificate towards its sidecar."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    sidecar: ClientCredentials
+
+    def settings(self, addr: str) -> dict[str, str]:
+        """The front's settings (dotted keys)."""
+        creds = self.sidecar
+        out = {
+            "front.addr": "",
+            "front.tls_addr": addr,
+            "front.tls_cert_file": str(self.cert_file),
+            "front.tls_key_file": str(self.key_file),
+            "front.tls_ca_file": str(self.ca_file),
+        }
+        for key, path in (
+            ("front.sidecar_ca_file", creds.ca_file),
+            ("front.sidecar_cert_file", creds.cert_file),
+            ("front.sidecar_key_file", creds.key_file),
+        ):
+            if path is not None:
+                out[key] = str(path)
+        return out
+
+    def probe_context(self) -> ssl.SSLContext:
+        """A client context the front accepts (its own certificate serves as the client's)."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.check_hostname = False
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+class LoadProcess(_LbdProcess):
+    """``lbd load``: real clients producing and consuming through the brokers until stopped."""
+
+    name = "lbd-load"
+
+    def __init__(self, workdir: Path, args: Sequence[str], env: Mapping[str, str]) -> None:
+        super().__init__(workdir, ["load", *args], env)
+
+    @property
+    def endpoint(self) -> str:
+        return "lbd load"
 
     def _probe(self, timeout_s: float) -> bool:
         return True

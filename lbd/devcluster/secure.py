@@ -7,8 +7,10 @@
   etcd's ``root`` user (auth is enabled);
 - ``sidecar-<id>.pem``: each sidecar's server certificate, also its client certificate when it
   forwards a call (organization ``admin``);
-- ``broker-<id>.pem``: each simulated broker's client certificate (common name its broker id,
-  organization ``broker``): it may hold that broker's session only;
+- ``broker-<id>.pem``: each broker's client certificate towards its sidecar (common name its
+  broker id, organization ``broker``): it may hold that broker's session only;
+- ``front-<id>.pem``: each broker front's server certificate (its TLS port for Pulsar clients),
+  and ``client.pem``, the certificate a Pulsar client presents to the fronts (mutual TLS);
 - ``admin.pem`` and ``reader.pem``: for ``lbd ctl`` (``lbd dev env`` prints the admin's).
 
 Keys are mode 0600; nothing leaves the state directory.
@@ -40,12 +42,17 @@ class DevSecurity:
     etcd_password: str
     admin: CertFiles
     reader: CertFiles
+    client: CertFiles
+    """The Pulsar clients' certificate (``lbd load``, the tests' clients)."""
 
     def sidecar_files(self, broker_id: str) -> CertFiles:
         return _files(self.directory, f"sidecar-{broker_id}")
 
     def broker_files(self, broker_id: str) -> CertFiles:
         return _files(self.directory, f"broker-{broker_id}")
+
+    def front_files(self, broker_id: str) -> CertFiles:
+        return _files(self.directory, f"front-{broker_id}")
 
     def sidecar_settings(self, broker_id: str) -> dict[str, str]:
         """The settings (dotted keys) that make a sidecar speak TLS everywhere with auth."""
@@ -79,6 +86,7 @@ def make_security(state_dir: Path, broker_ids: list[str]) -> DevSecurity:
     for broker_id in broker_ids:
         pki.issue(f"sidecar-{broker_id}", broker_id, role="admin", server=True)
         pki.issue(f"broker-{broker_id}", broker_id, role="broker")
+        pki.issue(f"front-{broker_id}", broker_id, server=True)
     password = secrets.token_urlsafe(18)
     secret = directory / _PASSWORD_FILE
     secret.touch(mode=0o600)
@@ -91,6 +99,7 @@ def make_security(state_dir: Path, broker_ids: list[str]) -> DevSecurity:
         etcd_password=password,
         admin=pki.issue("admin", "dev-admin", role="admin"),
         reader=pki.issue("reader", "dev-reader", role="reader"),
+        client=pki.issue("client", "dev-client"),
     )
 
 

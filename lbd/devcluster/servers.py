@@ -604,18 +604,25 @@ class PulsarLiteServer(ManagedServer):
         ]
 
     def _probe(self, timeout_s: float) -> bool:
-        # A TCP connect alone would pass on a frozen server (the kernel accepts into the backlog),
-        # so the probe completes the Pulsar handshake: CONNECT must be answered by CONNECTED.
-        try:
-            with socket.create_connection((LOOPBACK, self._port), timeout=timeout_s) as sock:
-                sock.sendall(_PULSAR_CONNECT_FRAME)
-                _total_size, command_size = struct.unpack(">II", _recv_exactly(sock, 8))
-                if command_size > _MAX_PROBE_COMMAND_SIZE:
-                    return False
-                command = _recv_exactly(sock, command_size)
-        except OSError:
-            return False
-        return command.startswith(_PULSAR_CONNECTED_PREFIX)
+        return pulsar_handshake(self._port, timeout_s)
+
+
+def pulsar_handshake(port: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> bool:
+    """Whether a Pulsar server on the loopback ``port`` answers CONNECT with CONNECTED.
+
+    A TCP connect alone would pass on a frozen server (the kernel accepts into the backlog), so
+    the probe completes the handshake. Never raises."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as raw:
+            sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=LOOPBACK)
+            sock.sendall(_PULSAR_CONNECT_FRAME)
+            _total_size, command_size = struct.unpack(">II", _recv_exactly(sock, 8))
+            if command_size > _MAX_PROBE_COMMAND_SIZE:
+                return False
+            command = _recv_exactly(sock, command_size)
+    except (OSError, ssl.SSLError):
+        return False
+    return command.startswith(_PULSAR_CONNECTED_PREFIX)
 
 
 def find_etcd() -> Path:

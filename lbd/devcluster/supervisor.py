@@ -2,9 +2,10 @@
 
 Started by :func:`lbd.devcluster.cluster.up` in a session of its own. It forks once so that the
 launcher returns at once (after writing the supervisor's pid), then starts etcd, pulsar-lite, the
-sidecars and the simulated brokers as its children (they die with it), waits until every sidecar
-is SERVING and sees every broker registered, with ``--traffic`` creates and assigns the traffic
-namespace, and writes ``cluster.json``. It then sleeps until SIGTERM or SIGINT, stops its
+storage pulsar-lite, the sidecars and the broker fronts (or simulated brokers) as its children
+(they die with it), waits until every sidecar is SERVING and sees every broker registered, with
+``--traffic`` creates and assigns the traffic namespace and starts the clients (``lbd load``),
+and writes ``cluster.json``. It then sleeps until SIGTERM or SIGINT, stops its
 children in reverse order and removes ``cluster.json`` and its pid file. Its own log is
 ``supervisor.log``.
 """
@@ -34,6 +35,8 @@ from lbd.devcluster.cluster import (
     SUPERVISOR_LOG,
     TRAFFIC_MSG_RATE,
     TRAFFIC_NAMESPACE,
+    TRAFFIC_RATE,
+    TRAFFIC_TOPICS,
     DevCluster,
     DevClusterSpec,
     NodeRecord,
@@ -41,7 +44,14 @@ from lbd.devcluster.cluster import (
     process_start_ticks,
 )
 from lbd.devcluster.ports import free_ports
-from lbd.devcluster.processes import SidecarProcess, SimBrokerProcess, settings_env
+from lbd.devcluster.processes import (
+    FrontProcess,
+    FrontTls,
+    LoadProcess,
+    SidecarProcess,
+    SimBrokerProcess,
+    settings_env,
+)
 from lbd.devcluster.secure import DevSecurity, make_security
 from lbd.devcluster.servers import EtcdServer, ManagedServer, PulsarLiteServer
 from lbd.sim.workload import Workload, WorkloadSpec
@@ -66,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace-bundles", type=int, required=True)
     parser.add_argument("--traffic", action="store_true")
     parser.add_argument("--secure", action="store_true")
+    parser.add_argument("--sim-brokers", action="store_true")
     parser.add_argument("--set", action="append", default=[], dest="settings")
     args = parser.parse_args(argv)
     state_dir: Path = args.state_dir.resolve()
     spec = DevClusterSpec(
-        args.brokers, args.traffic, {}, args.namespace_bundles, args.secure
+        args.brokers, args.traffic, {}, args.namespace_bundles, args.secure, args.sim_brokers
     ).with_overrides(args.settings)
     _detach(state_dir)
     logging.basicConfig(
@@ -130,7 +141,13 @@ def _supervise(state_dir: Path, spec: DevClusterSpec) -> int:
 
 def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer]) -> DevCluster:
     """Start every process (appended to ``children`` as soon as it exists) and wait until ready."""
-    for old in (*state_dir.glob("broker-*"), state_dir / "etcd", state_dir / "pulsar"):
+    for old in (
+        *state_dir.glob("broker-*"),
+        state_dir / "etcd",
+        state_dir / "pulsar",
+        state_dir / "storage",
+        state_dir / "load",
+    ):
         shutil.rmtree(old, ignore_errors=True)
     broker_ids = [f"broker-{i}" for i in range(1, spec.brokers + 1)]
     security = make_security(state_dir, broker_ids) if spec.secure else None
@@ -153,6 +170,13 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     children.append(pulsar)
     pulsar.start()
     _log.info("etcd at %s, pulsar-lite at %s", etcd.client_url, pulsar.service_url)
+    storage = None
+    if not spec.sim_brokers:
+        # The brokers' topics, apart from the channel's: the role BookKeeper plays for Pulsar.
+        storage = PulsarLiteServer(state_dir / "storage", log_level="error")
+        children.append(storage)
+        storage.start()
+        _log.info("storage pulsar-lite at %s", storage.service_url)
 
     env = settings_env(spec.settings)
     operator = _operator_credentials(spec, security)
@@ -177,22 +201,36 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         sidecars.append(sidecar)
         _log.info("sidecar %s serving at %s", sidecar.broker_id, sidecar.grpc_addr)
 
-    sims: list[SimBrokerProcess] = []
+    brokers: list[SimBrokerProcess | FrontProcess] = []
+    broker_ports = iter(free_ports(2 * spec.brokers))
     for sidecar in sidecars:
-        sim = SimBrokerProcess(
-            sidecar.workdir,
-            broker_id=sidecar.broker_id,
-            sidecar_addr=sidecar.grpc_addr,
-            msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
-            seed=0,  # one seed for all: a bundle's traffic moves with it
-            env=env,  # with grpc.admin_token set, the broker presents it
-            credentials=(
-                INSECURE if security is None else security.broker_credentials(sidecar.broker_id)
-            ),
-        )
-        children.append(sim)
-        sim.start()
-        sims.append(sim)
+        broker: SimBrokerProcess | FrontProcess
+        if storage is None:
+            broker = SimBrokerProcess(
+                sidecar.workdir,
+                broker_id=sidecar.broker_id,
+                sidecar_addr=sidecar.grpc_addr,
+                msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
+                seed=0,  # one seed for all: a bundle's traffic moves with it
+                env=env,  # with grpc.admin_token set, the broker presents it
+                credentials=(
+                    INSECURE if security is None else security.broker_credentials(sidecar.broker_id)
+                ),
+            )
+        else:
+            broker = FrontProcess(
+                sidecar.workdir,
+                broker_id=sidecar.broker_id,
+                port=next(broker_ports),
+                metrics_port=next(broker_ports),
+                sidecar_addr=sidecar.grpc_addr,
+                storage_url=storage.service_url,
+                env=env,  # with grpc.admin_token set, the broker presents it
+                tls=None if security is None else _front_tls(security, sidecar.broker_id),
+            )
+        children.append(broker)
+        broker.start()
+        brokers.append(broker)
 
     clients = [SidecarClient(s.grpc_addr, credentials=operator, timeout_s=10.0) for s in sidecars]
     try:
@@ -204,6 +242,13 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     finally:
         for client in clients:
             client.close()
+
+    load = None
+    pulsar_client = {} if security is None else _pulsar_client_files(security)
+    if spec.traffic and storage is not None:
+        load = LoadProcess(state_dir / "load", _load_args(brokers, pulsar_client), settings_env({}))
+        children.append(load)
+        load.start()
 
     return DevCluster(
         cluster=CLUSTER_NAME,
@@ -219,14 +264,62 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
                 grpc_addr=sidecar.grpc_addr,
                 metrics_addr=sidecar.metrics_addr,
                 sidecar=_record(sidecar.pid, sidecar.log_path),
-                broker=_record(sim.pid, sim.log_path),
-                events_file=str(sim.events_path),
+                broker=_record(broker.pid, broker.log_path),
+                events_file=str(broker.events_path),
+                service_url=broker.service_url if isinstance(broker, FrontProcess) else "",
+                broker_metrics_addr=(
+                    broker.metrics_addr if isinstance(broker, FrontProcess) else ""
+                ),
             )
-            for sidecar, sim in zip(sidecars, sims, strict=True)
+            for sidecar, broker in zip(sidecars, brokers, strict=True)
         ),
         settings=dict(spec.settings),
         client=_client_record(operator),
+        storage_url=storage.service_url if storage is not None else "",
+        storage=_record(storage.pid, storage.log_path) if storage is not None else None,
+        load=_record(load.pid, load.log_path) if load is not None else None,
+        pulsar_client=pulsar_client,
     )
+
+
+def _front_tls(security: DevSecurity, broker_id: str) -> FrontTls:
+    files = security.front_files(broker_id)
+    return FrontTls(
+        ca_file=security.ca_file,
+        cert_file=files.cert,
+        key_file=files.key,
+        sidecar=security.broker_credentials(broker_id),
+    )
+
+
+def _pulsar_client_files(security: DevSecurity) -> dict[str, str]:
+    return {
+        "ca_file": str(security.ca_file),
+        "cert_file": str(security.client.cert),
+        "key_file": str(security.client.key),
+    }
+
+
+def _load_args(brokers: list[SimBrokerProcess | FrontProcess], tls: dict[str, str]) -> list[str]:
+    """``lbd load`` of the traffic namespace through every broker front."""
+    urls = [b.service_url for b in brokers if isinstance(b, FrontProcess)]
+    scheme = urls[0].partition("://")[0]
+    args = [
+        f"--service-url={scheme}://" + ",".join(u.partition("://")[2] for u in urls),
+        f"--topics={TRAFFIC_TOPICS}",
+        f"--namespace={TRAFFIC_NAMESPACE}",
+        f"--rate={TRAFFIC_RATE:g}",
+        "--hot-fraction=0.2",
+        "--hot-factor=5",
+        "--report-every=10",
+    ]
+    if tls:
+        args += [
+            f"--tls-ca={tls['ca_file']}",
+            f"--tls-cert={tls['cert_file']}",
+            f"--tls-key={tls['key_file']}",
+        ]
+    return args
 
 
 def _operator_credentials(spec: DevClusterSpec, security: DevSecurity | None) -> ClientCredentials:

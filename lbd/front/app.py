@@ -73,16 +73,21 @@ def advertised_urls(settings: Settings) -> Redirect:
 
 
 def credentials_of(settings: Settings) -> ClientCredentials:
-    """How the broker authenticates to its sidecar."""
+    """How the broker authenticates to its sidecar: ``front.sidecar_*``, or the sidecar's own
+    ``grpc.admin_token`` when the two share a file and the broker has no token of its own."""
     f = settings.front
 
     def path(value: str | None) -> Path | None:
         return Path(value) if value else None
 
+    token = None
+    if f.sidecar_token_file is None and settings.grpc.admin_token is not None:
+        token = settings.grpc.admin_token.get_secret_value()
     return ClientCredentials(
         ca_file=path(f.sidecar_ca_file),
         cert_file=path(f.sidecar_cert_file),
         key_file=path(f.sidecar_key_file),
+        token=token,
         token_file=path(f.sidecar_token_file),
     )
 
