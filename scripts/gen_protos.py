@@ -55,7 +55,9 @@ def generate(out: Path) -> None:
                 if src.name.endswith("_pb2_grpc.py") and not _SERVICE.search(_proto_text(src)):
                     continue  # protoc writes a gRPC module even for a file with no service
                 text = re.sub(
-                    rf"\bfrom lbd\.{package} import", f"from lbd.gen.{package} import", src.read_text()
+                    rf"\bfrom lbd\.{package} import",
+                    f"from lbd.gen.{package} import",
+                    src.read_text(),
                 )
                 (out / package / src.name).write_text(HEADER + text)
 

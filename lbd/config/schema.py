@@ -903,6 +903,11 @@ class FrontSettings(Section):
     handover_timeout_s: Seconds = 10.0
     """After a transfer, how long the clients of the bundle wait for the new owner to take it
     before they are told to look the topic up instead."""
+    lookup_hold_s: Seconds = 25.0
+    """A LOOKUP of a topic whose owner cannot serve it (gone and not replaced yet, or this
+    broker without a valid lease) is answered once it can, waiting at most this long: a client
+    answered at once would retry with a growing backoff and resume seconds after the failover.
+    Below the client's operation timeout (30 s by default)."""
     leave_timeout_s: Seconds = 30.0
     """On SIGTERM, how long the broker waits for its sidecar to hand every bundle to another
     broker before it stops anyway."""

@@ -265,10 +265,23 @@ class FrontTls:
 
     def probe_context(self) -> ssl.SSLContext:
         """A client context the front accepts (its own certificate serves as the client's)."""
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        context.check_hostname = False
-        context.load_cert_chain(self.cert_file, self.key_file)
-        return context
+        return client_tls_context(
+            {
+                "ca_file": str(self.ca_file),
+                "cert_file": str(self.cert_file),
+                "key_file": str(self.key_file),
+            }
+        )
+
+
+def client_tls_context(files: Mapping[str, str]) -> ssl.SSLContext:
+    """A TLS client context from a secure cluster's ``ca_file``, ``cert_file`` and ``key_file``
+    (the names :attr:`DevCluster.pulsar_client` records)."""
+    context = ssl.create_default_context(cafile=files["ca_file"])
+    context.check_hostname = False
+    if files.get("cert_file") and files.get("key_file"):
+        context.load_cert_chain(files["cert_file"], files["key_file"])
+    return context
 
 
 class LoadProcess(_LbdProcess):

@@ -113,3 +113,78 @@ def dual_serving(intervals: Iterable[Interval]) -> list[str]:
                         f"{bundle}: {a.broker} and {b.broker} both served it for {ms:.3f} ms"
                     )
     return problems
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """Storage entries ``first``..``last`` of ``topic``, accepted by ``broker`` under
+    ``bundle`` between ``start`` and ``end`` (a broker front's ``write`` event)."""
+
+    topic: str
+    bundle: str
+    broker: str
+    start: int
+    end: int
+    first: tuple[int, int]
+    last: tuple[int, int]
+
+
+def writes(events: Iterable[Event]) -> list[Write]:
+    """Every ``write`` event of the logs."""
+    out = []
+    for e in events:
+        if e["event"] != "write":
+            continue
+        out.append(
+            Write(
+                topic=str(e["topic"]),
+                bundle=str(e["bundle"]),
+                broker=str(e["broker"]),
+                start=int(str(e["t_ns"])),
+                end=int(str(e["until_ns"])),
+                first=_entry(str(e["first"])),
+                last=_entry(str(e["last"])),
+            )
+        )
+    return out
+
+
+def _entry(text: str) -> tuple[int, int]:
+    ledger, _, entry = text.partition(":")
+    return int(ledger), int(entry)
+
+
+def writes_outside_serving(intervals: Iterable[Interval], logged: Iterable[Write]) -> list[str]:
+    """Every write a broker accepted while it did not serve the bundle (no Own, after its
+    Release or Close, or with no valid lease), as a sentence."""
+    by_key: dict[tuple[str, str], list[Interval]] = {}
+    for i in intervals:
+        by_key.setdefault((i.broker, i.bundle), []).append(i)
+    problems = []
+    for w in logged:
+        spans = by_key.get((w.broker, w.bundle), [])
+        if not any(s.start <= w.start and w.end < s.end for s in spans):
+            problems.append(
+                f"{w.broker} accepted entries {w.first}..{w.last} of {w.topic} under {w.bundle} "
+                "while it did not serve the bundle"
+            )
+    return problems
+
+
+def storage_order_violations(logged: Iterable[Write]) -> list[str]:
+    """Every pair of writes of one topic by two brokers where the one accepted first was stored
+    after the other: storage's order must follow the order of ownership."""
+    by_topic: dict[str, list[Write]] = {}
+    for w in logged:
+        by_topic.setdefault(w.topic, []).append(w)
+    problems = []
+    for topic, spans in by_topic.items():
+        spans.sort(key=lambda w: w.start)
+        for n, a in enumerate(spans):
+            for b in spans[n + 1 :]:
+                if b.broker != a.broker and a.end < b.start and not a.last < b.first:
+                    problems.append(
+                        f"{topic}: {a.broker}'s entries up to {a.last} were stored after "
+                        f"{b.broker}'s from {b.first}, which it accepted later"
+                    )
+    return problems

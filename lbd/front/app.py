@@ -198,6 +198,7 @@ class BrokerFront:
             events=events,
             drain_timeout_s=f.drain_timeout_s,
             handover_timeout_s=f.handover_timeout_s,
+            lookup_hold_s=f.lookup_hold_s,
             max_message_size=f.max_message_size,
         )
         metrics.count_traffic(front.traffic_totals)

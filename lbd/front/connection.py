@@ -531,6 +531,7 @@ class ClientConnection(asyncio.Protocol):
         except StorageUnavailableError as e:
             self._error(request.request_id, E.ServiceNotReady, str(e))
         else:
+            consumer.rewound()
             self._success(request.request_id)
 
     async def _unsubscribe(self, request: api.CommandUnsubscribe) -> None:

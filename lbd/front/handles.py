@@ -76,6 +76,9 @@ class Services(Protocol):
     def traffic(self, topic: Topic) -> TopicTraffic:
         """The topic's traffic counters."""
 
+    def repeat_dropped(self) -> None:
+        """A consumer dropped a repeat storage sent."""
+
 
 @dataclass(frozen=True, slots=True)
 class Redirect:
@@ -270,8 +273,30 @@ class ClientProducer(Handle):
         return Command(type=Type.CLOSE_PRODUCER, close_producer=close)
 
 
+_ORDERED = frozenset({api.CommandSubscribe.Exclusive, api.CommandSubscribe.Failover})
+
+REMEMBERED = 1024
+"""Entries a consumer remembers having delivered, to tell a repeat."""
+
+TOP_UP_INTERVAL_S = 0.1
+"""At most this often a consumer gives storage back the permits of dropped repeats on its own."""
+
+
 class ClientConsumer(Handle):
-    """A client's consumer, reading through a :class:`StorageConsumer`."""
+    """A client's consumer, reading through a :class:`StorageConsumer`.
+
+    A first delivery (redelivery count 0) of an entry this consumer was delivered already, on an
+    Exclusive or Failover subscription, is a repeat, which a pulsar-lite catching up sends
+    (DESIGN §1): after a restart of storage, about once per FLOW. The consumer drops it and
+    counts it. Apache Pulsar never sends one; its own redeliveries (a count above 0, or after
+    the client asked for them) pass. Only the :data:`REMEMBERED` latest entries are
+    remembered: the repeats seen are of the last one or two.
+
+    A dropped repeat used a permit the client does not know of. It goes back with the client's
+    next FLOW, not at once: a permit returned alone makes pulsar-lite resume, and repeat, again.
+    Only when storage has no permit left while the client still waits for messages is it
+    returned on its own, at most every :data:`TOP_UP_INTERVAL_S`.
+    """
 
     kind = "consumer"
 
@@ -286,14 +311,33 @@ class ClientConsumer(Handle):
         super().__init__(client, services, command.consumer_id, topic, bundle)
         self.subscription = command.subscription
         self.storage = StorageConsumer(services.storage, command, self._delivered, self._lost)
+        self._ordered = command.subType in _ORDERED
+        self._recent: dict[tuple[int, int], None] = {}
+        """The latest entries delivered (ordered subscriptions), oldest first; emptied when the
+        client asks for a redelivery."""
+        self.repeats_dropped = 0
+        self._waiting = 0
+        """Messages the client gave permits for and has not received."""
+        self._budget = 0
+        """Permits storage holds (given it, less what it delivered, repeats included)."""
+        self._owed = 0
+        """Permits of dropped repeats not given back yet."""
+        self._topped_up = 0.0
+        self._top_up: asyncio.TimerHandle | None = None
 
     def _count(self, delta: int) -> None:
         self.traffic.consumers += delta
 
     def flow(self, permits: int) -> None:
-        """Pass the client's permits on."""
+        """Pass the client's permits on (with those of the repeats dropped since the last)."""
         if self.state is State.OPEN:
-            self.storage.flow(permits)
+            self._waiting += permits
+            self._give(permits + self._owed)
+            self._owed = 0
+
+    def _give(self, permits: int) -> None:
+        self._budget += permits
+        self.storage.flow(permits)
 
     def ack(self, ack: api.CommandAck) -> bool:
         """Forward an acknowledgement if the front serves the topic now; False when dropped
@@ -309,7 +353,12 @@ class ClientConsumer(Handle):
     def redeliver(self, redeliver: api.CommandRedeliverUnacknowledgedMessages) -> None:
         """Pass a redelivery request on."""
         if self.state is State.OPEN:
+            self._recent.clear()  # what comes next is delivered again on purpose
             self.storage.redeliver(redeliver)
+
+    def rewound(self) -> None:
+        """The subscription was moved (a seek): deliveries start over."""
+        self._recent.clear()
 
     def _delivered(self, frame: Frame) -> None:
         if self.state is not State.OPEN:
@@ -317,7 +366,18 @@ class ClientConsumer(Handle):
         command = frame.command
         kind = frame.type
         if kind == Type.MESSAGE:
-            command.message.consumer_id = self.client_id
+            message = command.message
+            if self._ordered and not message.redelivery_count:
+                entry = (message.message_id.ledgerId, message.message_id.entryId)
+                if entry in self._recent:
+                    self._repeat()
+                    return
+                self._recent[entry] = None
+                if len(self._recent) > REMEMBERED:
+                    del self._recent[next(iter(self._recent))]
+            self._budget -= 1
+            self._waiting -= 1
+            message.consumer_id = self.client_id
             payload = frame.payload or b""
             self.traffic.delivered(len(payload))
             self.client.write(command, payload)
@@ -327,6 +387,23 @@ class ClientConsumer(Handle):
         elif kind == Type.REACHED_END_OF_TOPIC:
             command.reachedEndOfTopic.consumer_id = self.client_id
             self.client.write(command)
+
+    def _repeat(self) -> None:
+        self.repeats_dropped += 1
+        self.services.repeat_dropped()
+        self._budget -= 1
+        self._owed += 1
+        if self._budget <= 0 < self._waiting and self._top_up is None:
+            wait = self._topped_up + TOP_UP_INTERVAL_S - time.monotonic()
+            self._top_up = asyncio.get_running_loop().call_later(max(wait, 0.0), self._give_owed)
+
+    def _give_owed(self) -> None:
+        """Storage holds no permit while the client waits: give back the repeats' permits."""
+        self._top_up = None
+        self._topped_up = time.monotonic()
+        if self.state is State.OPEN and self._owed and self._budget <= 0 < self._waiting:
+            self._give(self._owed)
+            self._owed = 0
 
     def _lost(self, why: str) -> None:
         if self.state in (State.OPEN, State.OPENING):
@@ -344,6 +421,9 @@ class ClientConsumer(Handle):
         self.close_storage()
 
     def close_storage(self) -> None:
+        if self._top_up is not None:
+            self._top_up.cancel()
+            self._top_up = None
         self.storage.close()
 
     def _close_command(self, url: str, url_tls: str) -> Command:

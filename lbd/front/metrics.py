@@ -59,6 +59,12 @@ class FrontMetrics:
             ["kind", "to"],
             registry=r,
         )
+        self.repeats = Counter(
+            "lbd_front_repeats_dropped",
+            "Entries storage delivered again, in order, to a consumer of an Exclusive or "
+            "Failover subscription, dropped (a pulsar-lite catching up repeats entries)",
+            registry=r,
+        )
         self.handover = Histogram(
             "lbd_front_handover_seconds",
             "From a Release to a new owner until the clients were sent there",

@@ -32,11 +32,12 @@ checker can match storage's order against the serving intervals.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+
+import grpc
 
 from lbd.broker import BrokerClient, NewOwner, OwnershipView, StaleOwnershipError
 from lbd.broker.events import EventLog, RecordingHandler
@@ -57,6 +58,14 @@ _log = logging.getLogger(__name__)
 
 L = api.CommandLookupTopicResponse
 E = api.ServerError
+
+LOOKUP_RETRY_S = 0.5
+"""A held lookup asks the sidecar again at least this often (and at every ownership change)."""
+
+_RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
+)
+"""The sidecar's lookup failures a held lookup waits out (an outage, a bundle still moving)."""
 
 _LOOKUP_ANSWERS: dict[int, str] = {L.Connect: "connect", L.Redirect: "redirect", L.Failed: "failed"}
 
@@ -143,6 +152,7 @@ class Front(RecordingHandler):
         events: EventLog | None = None,
         drain_timeout_s: float = 2.0,
         handover_timeout_s: float = 10.0,
+        lookup_hold_s: float = 25.0,
         max_message_size: int = 5 * 1024 * 1024,
     ) -> None:
         super().__init__(events)
@@ -156,6 +166,7 @@ class Front(RecordingHandler):
         self._usage = usage
         self._drain_s = drain_timeout_s
         self._handover_s = handover_timeout_s
+        self._lookup_hold_s = lookup_hold_s
         self._client: BrokerClient | None = None
         self.served = ServedBundles()
         self._registry = _Registry()
@@ -212,6 +223,10 @@ class Front(RecordingHandler):
     def traffic(self, topic: Topic) -> TopicTraffic:
         """The topic's traffic counters."""
         return self._book.of(topic)
+
+    def repeat_dropped(self) -> None:
+        """A consumer dropped a repeat storage sent."""
+        self.metrics.repeats.inc()
 
     def register(self, handle: Handle) -> None:
         """A handle begins opening."""
@@ -284,34 +299,42 @@ class Front(RecordingHandler):
         return answer
 
     async def _decide(self, topic_text: str) -> LookupAnswer:
+        """Connect, Redirect, or hold the answer while the topic has no owner that can serve
+        it (rule 4): an owner that is not registered (it died, and the leader has not moved its
+        bundles yet), or this broker without a valid lease. Answering at once would send the
+        client to a broker that refuses it, and its retries back off to seconds apart; held, it
+        is answered as soon as the bundle is Owned by a live broker."""
         try:
             topic = Topic.parse(topic_text)
         except InvalidInputError as e:
             return LookupAnswer(L.Failed, error=E.InvalidTopicName, message=str(e))
-        if self.serving_bundle(topic) is not None:
-            return self._connect()
-        owner: BrokerId | None = None
-        with contextlib.suppress(StaleOwnershipError):
-            owner = self._ownership.owner_of_topic(topic.name)
-        if owner is not None and owner != self.broker_id and owner in self._urls_of:
-            return self._redirect(self._urls_of[owner])
-        try:
-            answer = await self._sidecar_lookup(topic.name)
-        except LookupFailedError as e:
-            return LookupAnswer(L.Failed, error=E.ServiceNotReady, message=f"lookup failed: {e}")
-        owner = BrokerId(answer.owner_broker_id)
-        if answer.HasField("owner"):
-            self._urls_of[owner] = Redirect(answer.owner.service_url, answer.owner.service_url_tls)
-        if owner == self.broker_id:
-            # The sidecar wrote Owned only after this broker acknowledged the Own.
+        deadline = time.monotonic() + self._lookup_hold_s
+        why = "no answer"
+        while True:
             if self.serving_bundle(topic) is not None:
                 return self._connect()
-            return LookupAnswer(L.Failed, error=E.ServiceNotReady, message=self.not_served(topic))
-        if owner not in self._urls_of:
-            return LookupAnswer(
-                L.Failed, error=E.ServiceNotReady, message=f"no URL known for owner {owner!r}"
-            )
-        return self._redirect(self._urls_of[owner])
+            try:
+                answer = await self._sidecar_lookup(topic.name)
+            except LookupFailedError as e:
+                if e.code not in _RETRYABLE:
+                    return LookupAnswer(L.Failed, error=E.ServiceNotReady, message=str(e))
+                why = f"the sidecar's lookup failed: {e}"
+            else:
+                owner = BrokerId(answer.owner_broker_id)
+                if answer.HasField("owner"):
+                    urls = Redirect(answer.owner.service_url, answer.owner.service_url_tls)
+                    self._urls_of[owner] = urls
+                    if owner != self.broker_id:
+                        return self._redirect(urls)
+                    why = self.not_served(topic)
+                else:
+                    why = f"its owner {owner} is not registered (gone, not yet replaced)"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return LookupAnswer(
+                    L.Failed, error=E.ServiceNotReady, message=f"{topic.name}: {why}"
+                )
+            await self._changed.wait(min(LOOKUP_RETRY_S, left))
 
     def _connect(self) -> LookupAnswer:
         return LookupAnswer(L.Connect, self.urls.service_url, self.urls.service_url_tls, True)
@@ -329,6 +352,7 @@ class Front(RecordingHandler):
             self.served.add(bundle)
             self.emptied.clear()
             self.record("own", bundle)
+            self._changed.notify()  # a held lookup may answer Connect now
         return None
 
     async def release(self, bundle: BundleId, new_owner: NewOwner | None) -> str | None:

@@ -134,25 +134,29 @@ def _frame(buffer: bytearray, at: int, total: int) -> Frame:
         command = Command.FromString(body)
     except DecodeError as e:
         raise FrameError(f"unreadable command ({size} bytes): {_why(body, e)}") from None
+    if not command.IsInitialized():  # the parser takes a message that lacks a required field
+        raise FrameError(f"unreadable command ({size} bytes): {_why(body, None)}")
     rest = total - 4 - size
     payload = bytes(buffer[at + 4 + size : at + total]) if rest else None
     return Frame(command, payload)
 
 
-def _why(body: bytes, error: DecodeError) -> str:
+def _why(body: bytes, error: DecodeError | None) -> str:
     """A reason for an undecodable command, naming its type when the type alone is the cause."""
     partial = Command()
     try:
         partial.MergeFromString(body)  # no required-field check
     except DecodeError:
-        return str(error) or "not a protobuf message"
+        return str(error or "") or "not a protobuf message"
     if not partial.HasField("type"):
         unknown = _raw_type(body)
         if unknown is not None:
             return f"unknown command type {unknown}"
         return "the command has no type"
     missing: list[str] = partial.FindInitializationErrors()  # type: ignore[attr-defined]
-    return f"{type_name(partial.type)} lacks {', '.join(missing)}" if missing else str(error)
+    if missing:
+        return f"{type_name(partial.type)} lacks {', '.join(missing)}"
+    return str(error or "") or "not a Pulsar command"
 
 
 def _raw_type(body: bytes) -> int | None:

@@ -123,7 +123,8 @@ class ClientTraffic:
         spec = self.spec
         kwargs: dict[str, Any] = {
             "operation_timeout_seconds": spec.operation_timeout_s,
-            "logger": pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+            # The client's own log (every reconnection attempt) goes through Python's logging.
+            "logger": logging.getLogger("lbd.traffic.client"),
         }
         if spec.tls is not None:
             kwargs["tls_trust_certs_file_path"] = spec.tls.ca_file

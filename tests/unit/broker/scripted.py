@@ -62,6 +62,9 @@ class ScriptedSidecar(lbd_pb2_grpc.LoadBalancerServicer):
         self.watches: asyncio.Queue[asyncio.Queue[lbd_pb2.OwnershipChange | None]] = asyncio.Queue()
         self.watch_requests: list[lbd_pb2.WatchOwnershipRequest] = []
         self.refuse = False
+        self.lookups: dict[str, lbd_pb2.LookupResponse] = {}
+        """What LookupMany answers for a topic (a topic not here fails with NOT_FOUND)."""
+        self.lookups_asked: list[str] = []
 
     async def next_session(self) -> Session:
         return await asyncio.wait_for(self.sessions.get(), WAIT_S)
@@ -100,6 +103,23 @@ class ScriptedSidecar(lbd_pb2_grpc.LoadBalancerServicer):
         self.watches.put_nowait(feed)
         while (change := await feed.get()) is not None:
             yield change
+
+
+    async def LookupMany(
+        self, request: lbd_pb2.LookupManyRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.LookupManyResponse:
+        results = []
+        for lookup in request.lookups:
+            self.lookups_asked.append(lookup.topic)
+            answer = self.lookups.get(lookup.topic)
+            if answer is None:
+                failure = lbd_pb2.LookupFailure(
+                    code=grpc.StatusCode.NOT_FOUND.value[0], message="not scripted"
+                )
+                results.append(lbd_pb2.LookupResult(failure=failure))
+            else:
+                results.append(lbd_pb2.LookupResult(answer=answer))
+        return lbd_pb2.LookupManyResponse(results=results)
 
 
 @contextlib.asynccontextmanager
