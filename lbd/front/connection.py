@@ -144,6 +144,7 @@ class ClientConnection(asyncio.Protocol):
         self._tls = tls
         self._decoder = FrameDecoder(max_frame_size)
         self._transport: asyncio.Transport | None = None
+        self._out: wire.Coalescer | None = None
         self.peer = "?"
         self.connected = False
         self.opened_at = time.monotonic()
@@ -172,9 +173,10 @@ class ClientConnection(asyncio.Protocol):
     # -- writing -------------------------------------------------------------------------------
 
     def write(self, command: Command, payload: bytes | None = None) -> None:
-        """Send a frame to the client; dropped once the connection is closing."""
-        if self._transport is not None and not self._closed:
-            self._transport.write(wire.encode(command, payload))
+        """Send a frame to the client (at the end of this turn of the loop, with the others);
+        dropped once the connection is closing."""
+        if self._out is not None and not self._closed:
+            self._out.write(wire.encode(command, payload))
 
     def forget(self, handle: Handle) -> None:
         """Drop a closed handle from the connection's tables (its stray frames are ignored)."""
@@ -193,6 +195,8 @@ class ClientConnection(asyncio.Protocol):
         _log.info("%s closed: %s", self, reason)
         self._closed = True
         if self._transport is not None:
+            if self._out is not None:
+                self._out.flush()  # an ERROR written just before goes out first
             self._transport.close()
         self._end()
 
@@ -206,6 +210,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
+        self._out = wire.Coalescer(self._transport)
         peer = self._transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if self._gate is not None:

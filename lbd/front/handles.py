@@ -324,6 +324,8 @@ class ClientConsumer(Handle):
         """Permits of dropped repeats not given back yet."""
         self._topped_up = 0.0
         self._top_up: asyncio.TimerHandle | None = None
+        self.top_ups = 0
+        self._reported = False
 
     def _count(self, delta: int) -> None:
         self.traffic.consumers += delta
@@ -377,6 +379,8 @@ class ClientConsumer(Handle):
                     del self._recent[next(iter(self._recent))]
             self._budget -= 1
             self._waiting -= 1
+            if self._owed:
+                self._check_starving()
             message.consumer_id = self.client_id
             payload = frame.payload or b""
             self.traffic.delivered(len(payload))
@@ -393,7 +397,12 @@ class ClientConsumer(Handle):
         self.services.repeat_dropped()
         self._budget -= 1
         self._owed += 1
-        if self._budget <= 0 < self._waiting and self._top_up is None:
+        self._check_starving()
+
+    def _check_starving(self) -> None:
+        """Storage has used its last permit while the client still waits and permits are owed:
+        they go back soon (a delivery or a repeat may be the one that used it)."""
+        if self._budget <= 0 < self._waiting and self._owed and self._top_up is None:
             wait = self._topped_up + TOP_UP_INTERVAL_S - time.monotonic()
             self._top_up = asyncio.get_running_loop().call_later(max(wait, 0.0), self._give_owed)
 
@@ -402,6 +411,7 @@ class ClientConsumer(Handle):
         self._top_up = None
         self._topped_up = time.monotonic()
         if self.state is State.OPEN and self._owed and self._budget <= 0 < self._waiting:
+            self.top_ups += 1
             self._give(self._owed)
             self._owed = 0
 
@@ -424,6 +434,18 @@ class ClientConsumer(Handle):
         if self._top_up is not None:
             self._top_up.cancel()
             self._top_up = None
+        if self.repeats_dropped and not self._reported:
+            self._reported = True
+            _log.info(
+                "%s: %d repeats dropped (%d permits given back alone); at close storage held "
+                "%d permits, the client waited for %d messages, %d permits owed",
+                self,
+                self.repeats_dropped,
+                self.top_ups,
+                self._budget,
+                self._waiting,
+                self._owed,
+            )
         self.storage.close()
 
     def _close_command(self, url: str, url_tls: str) -> Command:

@@ -94,6 +94,7 @@ class StorageLink(asyncio.Protocol):
         self._on_lost: Callable[[str], None] | None = on_lost
         self._decoder = FrameDecoder()
         self._transport: asyncio.Transport | None = None
+        self._out: wire.Coalescer | None = None
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self._request_ids = itertools.count(1)
         self._connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -183,6 +184,7 @@ class StorageLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self._transport = cast(asyncio.Transport, transport)
+        self._out = wire.Coalescer(self._transport)
         if self._closed:
             transport.close()
 
@@ -202,9 +204,9 @@ class StorageLink(asyncio.Protocol):
     # -- internals -----------------------------------------------------------------------------
 
     def _write(self, command: Command, payload: bytes | None = None) -> None:
-        if self._transport is None or self._closed:
+        if self._out is None or self._closed:
             return
-        self._transport.write(wire.encode(command, payload))
+        self._out.write(wire.encode(command, payload))
 
     def _dispatch(self, frame: Frame) -> None:
         kind = frame.type

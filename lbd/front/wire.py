@@ -21,6 +21,7 @@ is answered and closed; no other is touched.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from dataclasses import dataclass
 
@@ -72,6 +73,40 @@ def encode(command: Command, payload: bytes | None = None) -> bytes:
     extra = len(payload) if payload is not None else 0
     head = _SIZES.pack(4 + len(body) + extra, len(body))
     return head + body + payload if payload is not None else head + body
+
+
+class Coalescer:
+    """Frames written during one turn of the event loop leave in one write to the socket.
+
+    A producer's client pipelines sends and storage answers them in bursts; one system call per
+    frame would cost more than the rest of forwarding it. Nothing waits longer than the current
+    turn of the loop.
+    """
+
+    __slots__ = ("_loop", "_parts", "_scheduled", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._loop = asyncio.get_running_loop()
+        self._parts: list[bytes] = []
+        self._scheduled = False
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` for the end of this turn."""
+        self._parts.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is queued now."""
+        self._scheduled = False
+        if not self._parts:
+            return
+        data = b"".join(self._parts) if len(self._parts) > 1 else self._parts[0]
+        self._parts.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
 
 
 def type_name(value: int) -> str:

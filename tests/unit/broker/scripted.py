@@ -104,7 +104,6 @@ class ScriptedSidecar(lbd_pb2_grpc.LoadBalancerServicer):
         while (change := await feed.get()) is not None:
             yield change
 
-
     async def LookupMany(
         self, request: lbd_pb2.LookupManyRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.LookupManyResponse:
