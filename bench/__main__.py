@@ -12,7 +12,10 @@ shedding strategy on the standard balancing scenarios, as ``lbd bench balance``)
 the default execution governor, on a dev cluster it starts itself), ``lookup`` (owned Lookups on a
 sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to the gRPC
 ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
-``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``assign``
+``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``clients``
+(the official Pulsar client through broker fronts while a dev cluster goes through transfers,
+an unload, a split, a drain, a rolling restart, kills, pauses and outages: failed, lost and
+duplicated messages, latencies, lookups per event; and one front's overhead), ``assign``
 (new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself), ``split``
 (one bundle split into 5,000 children, against the split's deadline), ``scale`` (100 brokers with
 1k, 10k and 100k bundles, dev and default timings: lookups, memory, idle CPU, catch-up).
@@ -34,6 +37,7 @@ from bench import (
     assign_bench,
     broker_cache_bench,
     channel_bench,
+    clients_bench,
     core,
     lookup_bench,
     operating_bench,
@@ -66,8 +70,9 @@ SUITES = (
     "outages",
     "sim",
     "security",
+    "clients",
 )
-FIGURE_SUITES = ("lookup", "assign", "recovery", "broker_cache", "split", "scale")
+FIGURE_SUITES = ("lookup", "assign", "recovery", "broker_cache", "split", "scale", "clients")
 """The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
 here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
 
@@ -178,6 +183,16 @@ def main() -> None:
         lookups = 1_000 if args.quick else 4_000
         with console.status(f"security: {lookups:,} lookups through a plain and a secure cluster"):
             console.print(security_bench.table(security_bench.run(lookups=lookups)))
+    if "clients" in suites:
+        with console.status("clients: real clients through a dev cluster, event by event..."):
+            clients = clients_bench.run(
+                events=clients_bench.QUICK_EVENTS if args.quick else clients_bench.EVENTS,
+                transfers=5 if args.quick else 50,
+            )
+        console.print(clients_bench.events_table(clients))
+        if clients.overhead is not None:
+            console.print(clients_bench.overhead_table(clients.overhead))
+        figures += clients_bench.figures(clients)
     if figures:
         console.print(figures_table("figures against their baselines", figures))
 

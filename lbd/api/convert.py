@@ -399,6 +399,7 @@ def load_response(
                 load=d.weighted_max_ema,
                 msg_throughput=d.msg_throughput_ema,
                 updated_at_ms=d.updated_at_ms,
+                msg_rate=d.usage.msg_rate_in + d.usage.msg_rate_out,
             )
             for d in sorted(loads, key=lambda d: d.broker)
         ],

@@ -110,6 +110,10 @@ def _lease_before_cleanup(s: Settings) -> str | None:
     )
 
 
+PULSAR_CLIENT_OPERATION_TIMEOUT_S = 30.0
+"""The official Pulsar clients' default operation timeout (a lookup, a producer's creation)."""
+
+
 def _release_and_lease_vs_inflight(s: Settings) -> str | None:
     ack, lease = s.broker.release_ack_timeout_s, s.broker.serving_lease_s
     m, inflight = s.etcd.fence_margin_s, s.monitor.inflight_timeout_s
@@ -120,6 +124,28 @@ def _release_and_lease_vs_inflight(s: Settings) -> str | None:
         f"monitor.inflight_timeout_s ({_n(ack)} + {_n(lease)} + {_n(m)} = {_n(ack + lease + m)} "
         f">= {_n(inflight)}): an unacknowledged release waits out the broker's lease, and must "
         "be done before the leader declares the transfer stuck"
+    )
+
+
+def _front_drain_vs_release_ack(s: Settings) -> str | None:
+    drain, ack = s.front.drain_timeout_s, s.broker.release_ack_timeout_s
+    if drain < ack:
+        return None
+    return (
+        f"front.drain_timeout_s must be < broker.release_ack_timeout_s ({_n(drain)} >= "
+        f"{_n(ack)}): the broker front acknowledges a Release once storage settled or this "
+        "ran out, and the sidecar must still be waiting for that acknowledgement"
+    )
+
+
+def _front_hold_vs_client_timeout(s: Settings) -> str | None:
+    hold = s.front.lookup_hold_s
+    if hold < PULSAR_CLIENT_OPERATION_TIMEOUT_S:
+        return None
+    return (
+        f"front.lookup_hold_s must be < {_n(PULSAR_CLIENT_OPERATION_TIMEOUT_S)} s, the Pulsar "
+        f"client's operation timeout ({_n(hold)}): a lookup held longer fails at the client "
+        "instead of telling it to retry"
     )
 
 
@@ -306,6 +332,10 @@ INVARIANTS: tuple[Invariant, ...] = (
         _release_and_lease_vs_inflight,
     ),
     Invariant(("broker.own_ack_timeout_s", "monitor.inflight_timeout_s"), _own_ack_vs_inflight),
+    Invariant(
+        ("front.drain_timeout_s", "broker.release_ack_timeout_s"), _front_drain_vs_release_ack
+    ),
+    Invariant(("front.lookup_hold_s",), _front_hold_vs_client_timeout),
     Invariant(("assignment.settle_timeout_s", "broker.own_ack_timeout_s"), _settle_vs_own_ack),
     Invariant(
         ("etcd.fence_check_interval_s", "etcd.keepalive_interval_s"), _fence_check_vs_keepalive

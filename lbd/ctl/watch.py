@@ -78,9 +78,9 @@ def render(view: ClusterView) -> Group:
         title=f"lbd cluster via {view.server} · leader {leader or '?'}{term} · {view.fetched_at}",
         caption="Ctrl-C to stop",
     )
-    for column in ("broker", "", "bundles", "load", "", "MB/s", "load updated"):
+    for column in ("broker", "", "bundles", "load", "", "msg/s", "MB/s", "load updated"):
         table.add_column(
-            column, justify="right" if column in ("bundles", "load", "MB/s") else "left"
+            column, justify="right" if column in ("bundles", "load", "msg/s", "MB/s") else "left"
         )
     for b in brokers:
         broker_id = b.info.broker_id
@@ -91,6 +91,7 @@ def render(view: ClusterView) -> Group:
             str(owned.get(broker_id, b.owned_bundles)),
             f"{load.load:.3f}" if load is not None else "-",
             load_bar(load.load) if load is not None else Text("no load data", style="dim"),
+            f"{load.msg_rate:,.0f}" if load is not None else "-",
             f"{load.msg_throughput / 1e6:.2f}" if load is not None else "-",
             _age(load.updated_at_ms, now_ms) if load is not None else "-",
         )

@@ -65,34 +65,48 @@ def _lease_windows(events: list[Event]) -> list[tuple[int, int]]:
 
 
 def serving_intervals(events: Iterable[Event], killed_at_ns: Mapping[str, int]) -> list[Interval]:
-    """Every interval any broker served any bundle, from the merged event logs."""
+    """Every interval any broker served any bundle, from the merged event logs.
+
+    ``killed_at_ns``: when a broker was killed (it logs nothing after): what it served, and its
+    lease, end at its death. A broker started again under the same id logs anew after it; its
+    events are judged on their own."""
     by_broker: dict[str, list[Event]] = {}
     for e in sorted(events, key=lambda e: int(e["t_ns"])):  # type: ignore[call-overload]
         by_broker.setdefault(str(e["broker"]), []).append(e)
     out: list[Interval] = []
     for broker, log in by_broker.items():
         death = killed_at_ns.get(broker, END)
-        assigned: list[tuple[str, int, int]] = []
-        since: dict[str, int] = {}
-        for e in log:
-            t, bundle = int(e["t_ns"]), e["bundle"]  # type: ignore[call-overload]
-            if e["event"] == "own" and isinstance(bundle, str):
-                since.setdefault(bundle, t)
-            elif e["event"] in ("release", "close") and isinstance(bundle, str):
-                if bundle in since:
-                    assigned.append((bundle, since.pop(bundle), t))
-            elif e["event"] == "session" and e.get("detail") == "lost":
-                assigned.extend((b, s, t) for b, s in since.items())
-                since.clear()
-        assigned.extend((b, s, END) for b, s in since.items())
-        windows = _lease_windows(log)
-        for bundle, start, end in assigned:
-            end = min(end, death)
-            for w_start, w_end in windows:
-                lo, hi = max(start, w_start), min(end, w_end)
-                if lo < hi:
-                    out.append(Interval(bundle, lo, hi, broker))
+        before = [e for e in log if int(e["t_ns"]) < death]  # type: ignore[call-overload]
+        after = [e for e in log if int(e["t_ns"]) >= death]  # type: ignore[call-overload]
+        out.extend(_incarnation(broker, before, death))
+        out.extend(_incarnation(broker, after, END))
     return sorted(out)
+
+
+def _incarnation(broker: str, log: list[Event], death: int) -> list[Interval]:
+    """What one process of ``broker`` served, from its events, until ``death``."""
+    assigned: list[tuple[str, int, int]] = []
+    since: dict[str, int] = {}
+    for e in log:
+        t, bundle = int(e["t_ns"]), e["bundle"]  # type: ignore[call-overload]
+        if e["event"] == "own" and isinstance(bundle, str):
+            since.setdefault(bundle, t)
+        elif e["event"] in ("release", "close") and isinstance(bundle, str):
+            if bundle in since:
+                assigned.append((bundle, since.pop(bundle), t))
+        elif e["event"] == "session" and e.get("detail") == "lost":
+            assigned.extend((b, s, t) for b, s in since.items())
+            since.clear()
+    assigned.extend((b, s, END) for b, s in since.items())
+    out = []
+    windows = _lease_windows(log)
+    for bundle, start, end in assigned:
+        end = min(end, death)
+        for w_start, w_end in windows:
+            lo, hi = max(start, w_start), min(end, w_end, death)
+            if lo < hi:
+                out.append(Interval(bundle, lo, hi, broker))
+    return out
 
 
 def dual_serving(intervals: Iterable[Interval]) -> list[str]:

@@ -173,7 +173,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     storage = None
     if not spec.sim_brokers:
         # The brokers' topics, apart from the channel's: the role BookKeeper plays for Pulsar.
-        storage = PulsarLiteServer(state_dir / "storage", log_level=os.environ.get("LBD_DEV_STORAGE_LOG", "error"))
+        storage = PulsarLiteServer(state_dir / "storage", log_level="error")
         children.append(storage)
         storage.start()
         _log.info("storage pulsar-lite at %s", storage.service_url)

@@ -364,6 +364,13 @@ class Front(RecordingHandler):
         self._forget(bundle)
         started = time.monotonic()
         await self._stop_storage(handles)
+        _log.info(
+            "%s released%s: %d producers and consumers fenced, storage settled in %.1f ms",
+            bundle,
+            f" to {new_owner.broker_id}" if new_owner else "",
+            len(handles),
+            1000 * (time.monotonic() - started),
+        )
         if new_owner is None:
             self._tell(handles, None)
         else:
@@ -499,9 +506,18 @@ class Front(RecordingHandler):
                 why = "the transfer was called off"
                 break
             await self._changed.wait(left)
-        self.metrics.handover.observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.handover.observe(took)
         if outcome is None:
             _log.warning("%s: handover to %s %s; clients look it up again", bundle, new_owner, why)
+        else:
+            _log.info(
+                "%s: %s owns it %.1f ms after the release; %d producers and consumers sent there",
+                bundle,
+                new_owner,
+                1000 * took,
+                len(handles),
+            )
         self._tell(handles, outcome)
 
     def _spawn(self, coro: Awaitable[None]) -> None:

@@ -28,6 +28,12 @@ from lbd.traffic.records import TrafficRecord, payload
 
 _log = logging.getLogger(__name__)
 
+_LOG_LEVELS = {
+    "error": pulsar.LoggerLevel.Error,
+    "warn": pulsar.LoggerLevel.Warn,
+    "info": pulsar.LoggerLevel.Info,
+}
+
 SUBSCRIPTION_TYPES = {
     "exclusive": pulsar.ConsumerType.Exclusive,
     "failover": pulsar.ConsumerType.Failover,
@@ -65,6 +71,8 @@ class TrafficSpec:
     tls: ClientTls | None = None
     send_timeout_ms: int = 30_000
     """The client's default: a send not receipted within this fails."""
+    log_level: str = "error"
+    """The client's own log on stderr: "error", "warn" or "info"."""
     operation_timeout_s: int = 30
 
     def __post_init__(self) -> None:
@@ -123,8 +131,9 @@ class ClientTraffic:
         spec = self.spec
         kwargs: dict[str, Any] = {
             "operation_timeout_seconds": spec.operation_timeout_s,
-            # The client's own log (every reconnection attempt) goes through Python's logging.
-            "logger": logging.getLogger("lbd.traffic.client"),
+            # The client's own log, native and errors only: through Python's logging it would
+            # hand every debug line to the interpreter, and cost more than the traffic.
+            "logger": pulsar.ConsoleLogger(_LOG_LEVELS[spec.log_level]),
         }
         if spec.tls is not None:
             kwargs["tls_trust_certs_file_path"] = spec.tls.ca_file

@@ -73,3 +73,31 @@ def test_a_lost_session_ends_every_bundle() -> None:
         ev(100, "b", "own"),
     ]
     assert dual_serving(serving_intervals(events, {})) == []
+
+
+def test_a_killed_broker_stops_at_its_death_and_serves_anew_once_started_again() -> None:
+    events = [
+        lease(0, "a", 10_000),
+        ev(1, "a", "own"),
+        # killed at 2,000 ms, its lease (until 10,000) dies with it; started again at 3,000
+        ev(3_000, "a", "session", None, detail="open"),
+        lease(3_001, "a", 13_000),
+        ev(3_002, "a", "own"),
+        ev(6_000, "a", "release"),
+    ]
+    intervals = serving_intervals(events, {"a": 2_000 * MS})
+    assert [(i.start // MS, i.end // MS) for i in intervals] == [(1, 2_000), (3_002, 6_000)]
+
+
+def test_a_write_is_judged_against_the_serving_interval_it_falls_in() -> None:
+    from lbd.devcluster.serving import writes, writes_outside_serving
+
+    events = [
+        lease(0, "a", 10_000),
+        ev(1, "a", "own"),
+        ev(5_000, "a", "release"),
+        ev(100, "a", "write", topic="t", until_ns=200 * MS, first="1:0", last="1:9", count=10),
+        ev(5_001, "a", "write", topic="t", until_ns=5_002 * MS, first="1:10", last="1:10", count=1),
+    ]
+    problems = writes_outside_serving(serving_intervals(events, {}), writes(events))
+    assert len(problems) == 1 and "entries (1, 10)..(1, 10) of t" in problems[0]

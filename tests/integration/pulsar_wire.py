@@ -121,6 +121,11 @@ class RawClient:
             if _request_id(frame) == request_id:
                 return frame
 
+    async def answer_within(self, request_id: int, timeout_s: float) -> Frame:
+        """The answer to request ``request_id``; TimeoutError after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            return await self.answer(request_id)
+
     async def expect_any(self, kinds: tuple[int, ...], timeout_s: float = WAIT_S) -> Frame:
         deadline = time.monotonic() + timeout_s
         while True:

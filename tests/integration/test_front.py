@@ -511,3 +511,44 @@ async def test_storage_order_matches_the_writes_logged(rig: Rig) -> None:
     logged = writes(rig.logged())
     assert sum(1 for w in logged if w.topic == topic) >= 1
     assert storage_order_violations(logged) == []
+
+
+async def test_a_lookup_waits_while_the_owner_cannot_serve_and_answers_once_one_can(
+    rig: Rig,
+) -> None:
+    bundle = LAYOUT[0]
+    topic = topic_in(bundle, "held")
+    rig.script_lookup(topic, bundle, OTHER, "")  # owned by a broker no longer registered
+    client = await RawClient.open(rig.port)
+    try:
+        client.send(
+            Command(type=Type.LOOKUP, lookupTopic=api.CommandLookupTopic(topic=topic, request_id=4))
+        )
+        with pytest.raises(TimeoutError):
+            await client.answer_within(4, 0.3)
+        rig.script_lookup(topic, bundle, "broker-3", OTHER_URL)  # the failover is done
+        rig.owned(bundle, "broker-3")
+        response = (await client.answer(4)).command.lookupTopicResponse
+        assert (response.response, response.brokerServiceUrl) == (
+            api.CommandLookupTopicResponse.Redirect,
+            OTHER_URL,
+        )
+    finally:
+        await client.close()
+
+
+async def test_a_lookup_held_past_its_bound_fails_retryably(rig: Rig) -> None:
+    bundle = LAYOUT[1]
+    topic = topic_in(bundle, "never")
+    rig.script_lookup(topic, bundle, OTHER, "")
+    client = await RawClient.open(rig.port)
+    try:
+        client.send(
+            Command(type=Type.LOOKUP, lookupTopic=api.CommandLookupTopic(topic=topic, request_id=5))
+        )
+        response = (await client.answer(5)).command.lookupTopicResponse
+        assert response.response == api.CommandLookupTopicResponse.Failed
+        assert response.error == api.ServiceNotReady
+        assert "not registered" in response.message
+    finally:
+        await client.close()

@@ -496,16 +496,18 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BrokerLoad(_message.Message):
-    __slots__ = ("broker_id", "load", "msg_throughput", "updated_at_ms")
+    __slots__ = ("broker_id", "load", "msg_throughput", "updated_at_ms", "msg_rate")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     MSG_THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    MSG_RATE_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     load: float
     msg_throughput: float
     updated_at_ms: int
-    def __init__(self, broker_id: _Optional[str] = ..., load: _Optional[float] = ..., msg_throughput: _Optional[float] = ..., updated_at_ms: _Optional[int] = ...) -> None: ...
+    msg_rate: float
+    def __init__(self, broker_id: _Optional[str] = ..., load: _Optional[float] = ..., msg_throughput: _Optional[float] = ..., updated_at_ms: _Optional[int] = ..., msg_rate: _Optional[float] = ...) -> None: ...
 
 class GetLoadResponse(_message.Message):
     __slots__ = ("brokers", "avg", "std")

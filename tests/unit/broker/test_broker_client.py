@@ -252,3 +252,17 @@ async def test_closing_the_client_stops_everything(
     assert await handler.next_stop() == SESSION_LOST
     assert not client.connected and client.owned == frozenset()
     await client.close()  # idempotent
+
+
+async def test_a_leave_is_sent_on_the_open_session_and_refused_without_one(
+    sidecar: tuple[ScriptedSidecar, str], handler: Recorder
+) -> None:
+    servicer, addr = sidecar
+    info = lbd_pb2.BrokerInfo(broker_id="broker-1")
+    broker = BrokerClient(addr, info, handler, reconnect_min_s=0.05)
+    assert not broker.leave("too early")  # no session yet
+    async with broker:
+        session = await servicer.next_session()
+        await until(lambda: broker.connected)
+        assert broker.leave("shutting down")
+        assert (await session.next("leave")).leave.reason == "shutting down"

@@ -46,6 +46,7 @@ from lbd.core.broker import (
     CloseCommand,
     CommandAck,
     Hello,
+    Leave,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
@@ -204,6 +205,10 @@ class FakeBroker:
     def report(self, report: LoadReport) -> None:
         """Send a load report."""
         self._outgoing.put_nowait(report)
+
+    def leave(self, reason: str) -> None:
+        """Say it is shutting down gracefully (it goes on serving what it is told)."""
+        self._outgoing.put_nowait(Leave(reason))
 
     def report_ack(self, ack: CommandAck) -> None:
         """Send an ack of its own making (e.g. a late answer to a command it left unanswered)."""

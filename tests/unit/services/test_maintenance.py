@@ -318,3 +318,40 @@ async def test_the_admin_api_cordons_anywhere_and_drains_on_the_leader() -> None
 
             back = await on_b.admin.Uncordon(lbd_pb2.UncordonRequest(broker_id=c.me))
             assert (back.broker_id, back.maintenance) == (c.me, "")
+
+
+async def test_a_broker_that_leaves_is_drained_and_back_in_service_when_it_returns() -> None:
+    async with Harness(config=QUIET) as h:
+        await h.start(3, auto_ack=False, fake_broker=True)
+        leader = await elected(h)
+        victim = next(s for s in h.live() if s is not leader)
+        bundles = await namespace_on(h, "t/leave", 8, victim)
+        assert victim.broker is not None
+
+        victim.broker.leave("shutting down")
+        await turns(lambda: victim.me not in owned_by(h, bundles), 20_000)
+        await seen_everywhere(h, victim.me, M.CORDONED)  # drained, and kept empty
+        record = victim.maintenance.get(victim.me)
+        assert record is not None and record.leave and "shutting down" in record.reason
+        assert h.violations == []
+
+        await victim.broker.disconnect()
+        await victim.broker.connect(victim.link)
+        await seen_everywhere(h, victim.me, None)  # it said Hello: back in service
+
+
+async def test_a_leave_leaves_an_operators_record_as_it_is() -> None:
+    async with Harness(config=QUIET) as h:
+        await h.start(3, auto_ack=False, fake_broker=True)
+        leader = await elected(h)
+        victim = next(s for s in h.live() if s is not leader)
+        assert victim.broker is not None
+        await leader.drainer.cordon(victim.me, "disk swap")
+        await seen_everywhere(h, victim.me, M.CORDONED)
+
+        victim.broker.leave("shutting down")
+        await victim.broker.disconnect()
+        await victim.broker.connect(victim.link)
+        await h.idle()
+        record = victim.maintenance.get(victim.me)
+        assert record is not None and record.reason == "disk swap" and not record.leave
