@@ -159,6 +159,7 @@ class ClientHarness:
         }
         self.lookups = LookupCounter({n.broker_id: n.broker_metrics_addr for n in cluster.nodes})
         self._procs: dict[str, _Proc] = {}
+        self._paused: set[str] = set()
         for n in cluster.nodes:
             self._track(f"front/{n.broker_id}", n.broker.pid, Path(n.broker.log))
             self._track(f"sidecar/{n.broker_id}", n.sidecar.pid, Path(n.sidecar.log))
@@ -246,7 +247,7 @@ class ClientHarness:
         if broker is not None:
             return self.admin[broker]
         for b, client in self.admin.items():
-            if self._alive(f"sidecar/{b}"):
+            if self._answers(f"sidecar/{b}"):
                 return client
         raise LbdError("no sidecar is alive")
 
@@ -423,6 +424,7 @@ class ClientHarness:
                 kill(proc.pid)
             else:
                 freeze(proc.pid)
+                self._paused.add(key)
             started = time.monotonic()
             moved = _wait(
                 f"{broker}'s bundles Owned elsewhere",
@@ -433,6 +435,7 @@ class ClientHarness:
             if pause_s is not None:
                 time.sleep(max(pause_s - (time.monotonic() - started), 0.0))
                 os.kill(proc.pid, signal.SIGCONT)
+                self._paused.discard(key)
             else:
                 self._restart(key)
             self._wait_registered(broker)
@@ -477,6 +480,10 @@ class ClientHarness:
 
     def _other(self, broker: str) -> str:
         return next(b for b in sorted(self.admin) if b != broker)
+
+    def _answers(self, key: str) -> bool:
+        """Whether the process runs and is not frozen by this harness."""
+        return key not in self._paused and self._alive(key)
 
     def _alive(self, key: str) -> bool:
         from lbd.devcluster.cluster import ProcessRecord
@@ -524,7 +531,7 @@ class ClientHarness:
     def _wait_registered(self, broker: str) -> None:
         def every_sidecar_lists_it() -> bool | None:
             for b, client in self.admin.items():
-                if not self._alive(f"sidecar/{b}"):
+                if not self._answers(f"sidecar/{b}"):
                     continue
                 if broker not in {x.info.broker_id for x in client.brokers().brokers}:
                     return None

@@ -30,6 +30,7 @@ from lbd.broker.credentials import ClientCredentials
 from lbd.broker.events import EventLog
 from lbd.config import Settings
 from lbd.core.errors import InvalidInputError, LbdError
+from lbd.core.ids import BrokerId
 from lbd.front.handles import Redirect
 from lbd.front.metrics import FrontMetrics
 from lbd.front.server import FrontServer, Limits, ReloadingTls
@@ -230,6 +231,8 @@ class BrokerFront:
         stack.push_async_callback(server.close)
         ownership.start()
         stack.push_async_callback(ownership.close)
+        brokers = asyncio.ensure_future(_learn_brokers(front, channel, credentials))
+        stack.push_async_callback(_cancel, brokers)
         _log.info(
             "broker %s: clients at %s, sidecar %s, storage %s",
             self._me,
@@ -265,6 +268,36 @@ class BrokerFront:
         else:
             _log.info("every bundle handed over")
         await front.settle_handovers(min(5.0, max(deadline - time.monotonic(), 0.5)))
+
+
+BROKERS_REFRESH_S = 5.0
+"""How often the front asks its sidecar for the registered brokers' URLs."""
+
+
+async def _learn_brokers(
+    front: Front, channel: grpc.aio.Channel, credentials: ClientCredentials
+) -> None:
+    """Keep the front's list of brokers (where to send a client its own sidecar cannot
+    answer for) from the sidecar's ListBrokers; a failed call waits for the next."""
+    admin = lbd_pb2_grpc.AdminStub(channel)
+    while True:
+        try:
+            listed = await admin.ListBrokers(
+                lbd_pb2.ListBrokersRequest(),
+                timeout=BROKERS_REFRESH_S,
+                metadata=credentials.metadata(),
+            )
+        except grpc.aio.AioRpcError as e:
+            _log.debug("listing the brokers failed: %s", e.code().name)
+        else:
+            front.learn_brokers(
+                {
+                    BrokerId(b.info.broker_id): Redirect(b.info.service_url, b.info.service_url_tls)
+                    for b in listed.brokers
+                    if b.info.service_url or b.info.service_url_tls
+                }
+            )
+        await asyncio.sleep(BROKERS_REFRESH_S)
 
 
 async def _cancel(task: asyncio.Future[None]) -> None:

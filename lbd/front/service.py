@@ -37,8 +37,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-import grpc
-
 from lbd.broker import BrokerClient, NewOwner, OwnershipView, StaleOwnershipError
 from lbd.broker.events import EventLog, RecordingHandler
 from lbd.broker.lookups import LookupFailedError
@@ -62,10 +60,8 @@ E = api.ServerError
 LOOKUP_RETRY_S = 0.5
 """A held lookup asks the sidecar again at least this often (and at every ownership change)."""
 
-_RETRYABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED}
-)
-"""The sidecar's lookup failures a held lookup waits out (an outage, a bundle still moving)."""
+SIDECAR_LOOKUP_S = 5.0
+"""A lookup the sidecar has not answered within this fails (the client asks another broker)."""
 
 _LOOKUP_ANSWERS: dict[int, str] = {L.Connect: "connect", L.Redirect: "redirect", L.Failed: "failed"}
 
@@ -173,6 +169,7 @@ class Front(RecordingHandler):
         self._book = TrafficBook()
         self._writes: dict[str, _Writes] = {}
         self._urls_of: dict[BrokerId, Redirect] = {BrokerId(broker_id): urls}
+        self._elsewhere_turn = 0
         self._closing: set[Handle] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = _Changed()
@@ -292,49 +289,76 @@ class Front(RecordingHandler):
 
     async def lookup(self, topic: str, authoritative: bool) -> LookupAnswer:
         """Where a client should go for ``topic_text`` (rule 4 of the module docstring)."""
-        answer = await self._decide(topic)
+        answer = await self._decide(topic, authoritative)
         self.metrics.lookups.labels(
             _LOOKUP_ANSWERS[answer.response], "true" if authoritative else "false"
         ).inc()
         return answer
 
-    async def _decide(self, topic_text: str) -> LookupAnswer:
+    async def _decide(self, topic_text: str, authoritative: bool) -> LookupAnswer:
         """Connect, Redirect, or hold the answer while the topic has no owner that can serve
         it (rule 4): an owner that is not registered (it died, and the leader has not moved its
         bundles yet), or this broker without a valid lease. Answering at once would send the
         client to a broker that refuses it, and its retries back off to seconds apart; held, it
-        is answered as soon as the bundle is Owned by a live broker."""
+        is answered as soon as the bundle is Owned by a live broker.
+
+        Only a sidecar that answers can say so. When this broker's own sidecar does not (its
+        lookup fails or is slow, or its ownership stream vouches for nothing), the client is
+        redirected, not authoritatively, to another broker it knows, whose sidecar answers in
+        its place: a failed lookup would make the client back off, and resume seconds after the
+        bundle has an owner again. Unless the client was sent here as to the owner (an
+        authoritative lookup): this broker serves nothing without its sidecar, and until the
+        cluster notices, the others would send the client back; it fails instead."""
         try:
             topic = Topic.parse(topic_text)
         except InvalidInputError as e:
             return LookupAnswer(L.Failed, error=E.InvalidTopicName, message=str(e))
         deadline = time.monotonic() + self._lookup_hold_s
-        why = "no answer"
         while True:
             if self.serving_bundle(topic) is not None:
                 return self._connect()
+            if not self._ownership.fresh():
+                why = self._ownership.stale_reason() or "stale"
+                return self._elsewhere(topic, why, authoritative)
             try:
-                answer = await self._sidecar_lookup(topic.name)
-            except LookupFailedError as e:
-                if e.code not in _RETRYABLE:
-                    return LookupAnswer(L.Failed, error=E.ServiceNotReady, message=str(e))
-                why = f"the sidecar's lookup failed: {e}"
+                async with asyncio.timeout(SIDECAR_LOOKUP_S):
+                    answer = await self._sidecar_lookup(topic.name)
+            except (LookupFailedError, TimeoutError) as e:
+                why = str(e) or f"no answer in {SIDECAR_LOOKUP_S:g} s"
+                return self._elsewhere(topic, why, authoritative)
+            owner = BrokerId(answer.owner_broker_id)
+            if answer.HasField("owner"):
+                urls = Redirect(answer.owner.service_url, answer.owner.service_url_tls)
+                self._urls_of[owner] = urls
+                if owner != self.broker_id:
+                    return self._redirect(urls)
+                why = self.not_served(topic)
             else:
-                owner = BrokerId(answer.owner_broker_id)
-                if answer.HasField("owner"):
-                    urls = Redirect(answer.owner.service_url, answer.owner.service_url_tls)
-                    self._urls_of[owner] = urls
-                    if owner != self.broker_id:
-                        return self._redirect(urls)
-                    why = self.not_served(topic)
-                else:
-                    why = f"its owner {owner} is not registered (gone, not yet replaced)"
+                why = f"its owner {owner} is not registered (gone, not yet replaced)"
             left = deadline - time.monotonic()
             if left <= 0:
                 return LookupAnswer(
                     L.Failed, error=E.ServiceNotReady, message=f"{topic.name}: {why}"
                 )
             await self._changed.wait(min(LOOKUP_RETRY_S, left))
+
+    def learn_brokers(self, urls: dict[BrokerId, Redirect]) -> None:
+        """The registered brokers and their URLs, as the sidecar lists them."""
+        self._urls_of.update(urls)
+
+    def _elsewhere(self, topic: Topic, why: str, authoritative: bool) -> LookupAnswer:
+        """Send the client to another broker this one knows (its sidecar does not answer)."""
+        others = sorted(b for b in self._urls_of if b != self.broker_id)
+        if not others or authoritative:
+            return LookupAnswer(
+                L.Failed,
+                error=E.ServiceNotReady,
+                message=f"{self.broker_id}'s sidecar cannot look {topic.name} up: {why}",
+            )
+        self._elsewhere_turn = (self._elsewhere_turn + 1) % len(others)
+        urls = self._urls_of[others[self._elsewhere_turn]]
+        _log.info("%s: the sidecar does not answer (%s); client sent to %s", topic.name, why, urls)
+        return LookupAnswer(L.Redirect, urls.service_url, urls.service_url_tls, False)
 
     def _connect(self) -> LookupAnswer:
         return LookupAnswer(L.Connect, self.urls.service_url, self.urls.service_url_tls, True)

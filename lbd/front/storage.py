@@ -24,6 +24,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import secrets
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,8 +41,13 @@ _log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 20
 """The protocol version the front speaks to storage (and announces to clients at most)."""
 
-_HANDLE_ID = 1
-"""The producer or consumer id on a link: each link carries one handle."""
+def _handle_id() -> int:
+    """A producer or consumer id for a new storage handle, unique across the cluster's brokers.
+
+    Each link carries one handle, so an id unique per link would do for Apache Pulsar. But
+    pulsar-lite keys consumers by id within a subscription: a second consumer of id 1 on the
+    subscription (a former owner's, not yet gone) is refused by closing its whole connection."""
+    return secrets.randbits(62) + 1
 
 
 class StorageUnavailableError(LbdError):
@@ -131,6 +137,9 @@ class StorageLink(asyncio.Protocol):
             raise StorageUnavailableError(
                 f"storage {address.host}:{address.port} unreachable: {why}"
             ) from None
+        except BaseException:
+            link.close()  # cancelled: no connection is left behind
+            raise
         return link
 
     @property
@@ -290,6 +299,7 @@ class StorageProducer:
         self._on_receipt = on_receipt
         self._on_lost: Callable[[str], None] | None = on_lost
         self._link: StorageLink | None = None
+        self._id = _handle_id()
         self._sequence = itertools.count()
         self._pending: collections.deque[tuple[int, object]] = collections.deque()
         self._drained: asyncio.Event = asyncio.Event()
@@ -308,7 +318,7 @@ class StorageProducer:
     async def open(self) -> None:
         """Create the producer on storage; StorageUnavailableError or StorageRefusedError."""
         self._link = await StorageLink.open(self._address, self._frame, self._lost)
-        producer = api.CommandProducer(topic=self._topic, producer_id=_HANDLE_ID, request_id=0)
+        producer = api.CommandProducer(topic=self._topic, producer_id=self._id, request_id=0)
         try:
             await self._link.request(Command(type=Type.PRODUCER, producer=producer))
         except BaseException:
@@ -326,7 +336,7 @@ class StorageProducer:
             Command(
                 type=Type.SEND,
                 send=api.CommandSend(
-                    producer_id=_HANDLE_ID, sequence_id=sequence, num_messages=num_messages
+                    producer_id=self._id, sequence_id=sequence, num_messages=num_messages
                 ),
             ),
             payload,
@@ -393,7 +403,8 @@ class StorageConsumer:
         self._address = address
         self._subscribe = api.CommandSubscribe()
         self._subscribe.CopyFrom(subscribe)
-        self._subscribe.consumer_id = _HANDLE_ID
+        self._id = _handle_id()
+        self._subscribe.consumer_id = self._id
         self._on_frame = on_frame
         self._on_lost: Callable[[str], None] | None = on_lost
         self._link: StorageLink | None = None
@@ -412,7 +423,7 @@ class StorageConsumer:
         self._send(
             Command(
                 type=Type.FLOW,
-                flow=api.CommandFlow(consumer_id=_HANDLE_ID, messagePermits=permits),
+                flow=api.CommandFlow(consumer_id=self._id, messagePermits=permits),
             )
         )
 
@@ -421,7 +432,7 @@ class StorageConsumer:
         dropped: the front answers the client itself)."""
         out = api.CommandAck()
         out.CopyFrom(ack)
-        out.consumer_id = _HANDLE_ID
+        out.consumer_id = self._id
         out.ClearField("request_id")
         self._send(Command(type=Type.ACK, ack=out))
 
@@ -429,7 +440,7 @@ class StorageConsumer:
         """Ask storage to deliver the client's unacknowledged messages again."""
         out = api.CommandRedeliverUnacknowledgedMessages()
         out.CopyFrom(redeliver)
-        out.consumer_id = _HANDLE_ID
+        out.consumer_id = self._id
         self._send(
             Command(
                 type=Type.REDELIVER_UNACKNOWLEDGED_MESSAGES, redeliverUnacknowledgedMessages=out
@@ -438,7 +449,7 @@ class StorageConsumer:
 
     async def last_message_id(self) -> api.CommandGetLastMessageIdResponse:
         """Storage's answer to GET_LAST_MESSAGE_ID for this consumer."""
-        inner = api.CommandGetLastMessageId(consumer_id=_HANDLE_ID, request_id=0)
+        inner = api.CommandGetLastMessageId(consumer_id=self._id, request_id=0)
         frame = await self._link_now().request(
             Command(type=Type.GET_LAST_MESSAGE_ID, getLastMessageId=inner)
         )
@@ -448,12 +459,12 @@ class StorageConsumer:
         """Reset the subscription as the client asked."""
         inner = api.CommandSeek()
         inner.CopyFrom(seek)
-        inner.consumer_id = _HANDLE_ID
+        inner.consumer_id = self._id
         await self._link_now().request(Command(type=Type.SEEK, seek=inner))
 
     async def unsubscribe(self, force: bool) -> None:
         """Delete the subscription on storage."""
-        inner = api.CommandUnsubscribe(consumer_id=_HANDLE_ID, request_id=0, force=force)
+        inner = api.CommandUnsubscribe(consumer_id=self._id, request_id=0, force=force)
         await self._link_now().request(Command(type=Type.UNSUBSCRIBE, unsubscribe=inner))
 
     async def close_gracefully(self) -> None:
@@ -462,7 +473,7 @@ class StorageConsumer:
         link = self._link
         self._on_lost = None
         if link is not None and link.open_now:
-            inner = api.CommandCloseConsumer(consumer_id=_HANDLE_ID, request_id=0)
+            inner = api.CommandCloseConsumer(consumer_id=self._id, request_id=0)
             with contextlib.suppress(LbdError):
                 await link.request(Command(type=Type.CLOSE_CONSUMER, close_consumer=inner))
         self.close()
