@@ -35,7 +35,7 @@ from lbd.front.handles import Redirect
 from lbd.front.metrics import FrontMetrics
 from lbd.front.server import FrontServer, Limits, ReloadingTls
 from lbd.front.service import Front
-from lbd.front.storage import StorageAddress
+from lbd.front.storage import StorageAddress, StoragePool
 from lbd.front.usage import UsageSampler
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.tasks import run_event_loop
@@ -188,10 +188,12 @@ class BrokerFront:
         stack.push_async_callback(channel.close)
         lookups = LookupBatcher(lbd_pb2_grpc.LoadBalancerStub(channel))
         stack.push_async_callback(lookups.close)
+        pool = StoragePool(storage)
+        stack.push_async_callback(pool.close)
         front = Front(
             broker_id=self._me,
             urls=urls,
-            storage=storage,
+            storage=pool,
             ownership=ownership,
             sidecar_lookup=lookups.lookup,
             metrics=metrics,

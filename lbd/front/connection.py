@@ -349,9 +349,12 @@ class ClientConnection(asyncio.Protocol):
             self.write(Command(type=Type.ACK_RESPONSE, ackResponse=response))
 
     def _consumer(self, consumer_id: int) -> ClientConsumer | None:
+        """The consumer a FLOW, ACK or redelivery names. One that is not open here is ignored,
+        as Apache Pulsar does: the official client acknowledges on the connection it last
+        subscribed on, even when that subscription was refused."""
         consumer = self._consumers.get(consumer_id)
         if consumer is None and ("consumer", consumer_id) not in self._recently_closed:
-            raise _BadFrame(f"consumer {consumer_id} was never opened here")
+            self.front.count_bad_frame("unknown consumer")
         return consumer
 
     def _partitioned_metadata(self, request: api.CommandPartitionedTopicMetadata) -> None:

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from lbd.core.ids import BundleId
 from lbd.front.served import Topic
-from lbd.front.storage import StorageAddress, StorageConsumer, StorageProducer
+from lbd.front.storage import StorageConsumer, StoragePool, StorageProducer
 from lbd.front.traffic import TopicTraffic
 from lbd.front.wire import Command, Frame, Type
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -65,7 +65,7 @@ class Client(Protocol):
 class Services(Protocol):
     """What a handle asks of the front."""
 
-    storage: StorageAddress
+    storage: StoragePool
 
     def accepts(self, handle: Handle) -> bool:
         """Whether the front serves ``handle``'s topic now (updates ``handle.bundle``)."""

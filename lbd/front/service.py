@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from lbd.broker import BrokerClient, NewOwner, OwnershipView, StaleOwnershipError
@@ -46,7 +46,7 @@ from lbd.front.connection import ClientConnection
 from lbd.front.handles import ClientProducer, Handle, Redirect, State
 from lbd.front.metrics import FrontMetrics
 from lbd.front.served import ServedBundles, Topic
-from lbd.front.storage import StorageAddress
+from lbd.front.storage import StoragePool
 from lbd.front.traffic import TopicTraffic, TrafficBook, bundle_stats
 from lbd.front.usage import UsageSampler
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -140,7 +140,7 @@ class Front(RecordingHandler):
         *,
         broker_id: str,
         urls: Redirect,
-        storage: StorageAddress,
+        storage: StoragePool,
         ownership: OwnershipView,
         sidecar_lookup: Callable[[str], Awaitable[lbd_pb2.LookupResponse]],
         metrics: FrontMetrics,
@@ -387,20 +387,28 @@ class Front(RecordingHandler):
         handles = self._take_handles(bundle)
         self._forget(bundle)
         started = time.monotonic()
-        await self._stop_storage(handles)
+        # What was written must be receipted before the new owner may write. The consumers'
+        # closes only have to be confirmed before their clients are sent on: they run meanwhile.
+        producers = [h for h in handles if isinstance(h, ClientProducer)]
+        consumers = [h for h in handles if not isinstance(h, ClientProducer)]
+        closing = asyncio.ensure_future(self._stop_storage(consumers))
+        await self._stop_storage(producers)
         _log.info(
-            "%s released%s: %d producers and consumers fenced, storage settled in %.1f ms",
+            "%s released%s: %d producers and %d consumers fenced, storage settled in %.1f ms",
             bundle,
             f" to {new_owner.broker_id}" if new_owner else "",
-            len(handles),
+            len(producers),
+            len(consumers),
             1000 * (time.monotonic() - started),
         )
         if new_owner is None:
-            self._tell(handles, None)
+            self._spawn(self._tell_when(closing, handles, None))
         else:
             redirect = Redirect(new_owner.service_url, new_owner.service_url_tls)
             self._urls_of[new_owner.broker_id] = redirect
-            self._spawn(self._hand_over(bundle, handles, new_owner.broker_id, redirect, started))
+            self._spawn(
+                self._hand_over(bundle, handles, new_owner.broker_id, redirect, started, closing)
+            )
         return None
 
     async def close(self, bundle: BundleId, reason: str) -> str | None:
@@ -476,7 +484,7 @@ class Front(RecordingHandler):
         handle.unfence()
         return True
 
-    async def _stop_storage(self, handles: list[Handle]) -> None:
+    async def _stop_storage(self, handles: Sequence[Handle]) -> None:
         if handles:
             await asyncio.gather(*(h.stop_storage(self._drain_s) for h in handles))
             self.flush_writes({h.topic.name for h in handles})
@@ -486,6 +494,12 @@ class Front(RecordingHandler):
             handle.tell_client(redirect)
             self._closing.discard(handle)
             self.metrics.closes.labels(handle.kind, "redirect" if redirect else "lookup").inc()
+
+    async def _tell_when(
+        self, closing: asyncio.Future[None], handles: list[Handle], redirect: Redirect | None
+    ) -> None:
+        await closing
+        self._tell(handles, redirect)
 
     def _close_later(self, handles: list[Handle], redirect: Redirect | None) -> None:
         for handle in handles:
@@ -506,6 +520,7 @@ class Front(RecordingHandler):
         new_owner: BrokerId,
         redirect: Redirect,
         started: float,
+        closing: asyncio.Future[None],
     ) -> None:
         """Send the clients to ``new_owner`` once it holds ``bundle`` (rule 2); to a lookup if
         the bundle went elsewhere or the handover outlasts its timeout."""
@@ -530,6 +545,7 @@ class Front(RecordingHandler):
                 why = "the transfer was called off"
                 break
             await self._changed.wait(left)
+        await closing  # the consumers' storage closes (started at the release) are confirmed
         took = time.monotonic() - started
         self.metrics.handover.observe(took)
         if outcome is None:

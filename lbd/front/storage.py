@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -40,6 +41,7 @@ _log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 20
 """The protocol version the front speaks to storage (and announces to clients at most)."""
+
 
 def _handle_id() -> int:
     """A producer or consumer id for a new storage handle, unique across the cluster's brokers.
@@ -141,6 +143,11 @@ class StorageLink(asyncio.Protocol):
             link.close()  # cancelled: no connection is left behind
             raise
         return link
+
+    def adopt(self, on_frame: Callable[[Frame], None], on_lost: Callable[[str], None]) -> None:
+        """Hand an idle link to the handle that takes it."""
+        self._on_frame = on_frame
+        self._on_lost = on_lost
 
     @property
     def open_now(self) -> bool:
@@ -251,6 +258,71 @@ class StorageLink(asyncio.Protocol):
         self._requests.clear()
 
 
+class StoragePool:
+    """Links to storage kept connected and idle, so that a producer or consumer opened when
+    its client arrives (after a transfer, say) skips the connect and the handshake. Each link
+    taken is the handle's own, as any other; the pool opens another behind it."""
+
+    def __init__(self, address: StorageAddress, size: int = 4) -> None:
+        self.address = address
+        self._size = size
+        self._idle: list[StorageLink] = []
+        self._filling: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def connect(
+        self, on_frame: Callable[[Frame], None], on_lost: Callable[[str], None]
+    ) -> StorageLink:
+        """A connected link for one handle; StorageUnavailableError when storage is away."""
+        while self._idle:
+            link = self._idle.pop()
+            if link.open_now:
+                link.adopt(on_frame, on_lost)
+                self._fill()
+                return link
+        link = await StorageLink.open(self.address, on_frame, on_lost)
+        self._fill()
+        return link
+
+    def _fill(self) -> None:
+        if self._filling is None and not self._closed and self._size:
+            self._filling = asyncio.get_running_loop().create_task(self._open_idle())
+
+    async def _open_idle(self) -> None:
+        try:
+            while len(self._idle) < self._size and not self._closed:
+                slot: list[StorageLink] = []
+                link = await StorageLink.open(
+                    self.address, _ignore, functools.partial(self._drop, slot)
+                )
+                slot.append(link)
+                self._idle.append(link)
+        except StorageUnavailableError:
+            pass  # storage is away: the next handle's own open says so, and fills again
+        finally:
+            self._filling = None
+
+    def _drop(self, slot: list[StorageLink], why: str) -> None:
+        """An idle link was lost: it leaves the pool."""
+        if slot and slot[0] in self._idle:
+            self._idle.remove(slot[0])
+
+    async def close(self) -> None:
+        """Close the idle links; idempotent."""
+        self._closed = True
+        if self._filling is not None:
+            self._filling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filling
+        for link in self._idle:
+            link.close()
+        self._idle.clear()
+
+
+def _ignore(frame: Frame) -> None:
+    """What an idle link does with a frame storage sends it unasked (nothing is open on it)."""
+
+
 _REQUESTS = {
     Type.PRODUCER: "producer",
     Type.SUBSCRIBE: "subscribe",
@@ -289,12 +361,12 @@ class StorageProducer:
 
     def __init__(
         self,
-        address: StorageAddress,
+        pool: StoragePool,
         topic: str,
         on_receipt: Callable[[object, api.MessageIdData], None],
         on_lost: Callable[[str], None],
     ) -> None:
-        self._address = address
+        self._pool = pool
         self._topic = topic
         self._on_receipt = on_receipt
         self._on_lost: Callable[[str], None] | None = on_lost
@@ -317,7 +389,7 @@ class StorageProducer:
 
     async def open(self) -> None:
         """Create the producer on storage; StorageUnavailableError or StorageRefusedError."""
-        self._link = await StorageLink.open(self._address, self._frame, self._lost)
+        self._link = await self._pool.connect(self._frame, self._lost)
         producer = api.CommandProducer(topic=self._topic, producer_id=self._id, request_id=0)
         try:
             await self._link.request(Command(type=Type.PRODUCER, producer=producer))
@@ -395,12 +467,12 @@ class StorageConsumer:
 
     def __init__(
         self,
-        address: StorageAddress,
+        pool: StoragePool,
         subscribe: api.CommandSubscribe,
         on_frame: Callable[[Frame], None],
         on_lost: Callable[[str], None],
     ) -> None:
-        self._address = address
+        self._pool = pool
         self._subscribe = api.CommandSubscribe()
         self._subscribe.CopyFrom(subscribe)
         self._id = _handle_id()
@@ -411,7 +483,7 @@ class StorageConsumer:
 
     async def open(self) -> None:
         """Subscribe on storage; StorageUnavailableError or StorageRefusedError."""
-        self._link = await StorageLink.open(self._address, self._frame, self._lost)
+        self._link = await self._pool.connect(self._frame, self._lost)
         try:
             await self._link.request(Command(type=Type.SUBSCRIBE, subscribe=self._subscribe))
         except BaseException:

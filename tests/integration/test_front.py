@@ -38,7 +38,7 @@ from lbd.front.handles import Redirect
 from lbd.front.metrics import FrontMetrics
 from lbd.front.server import FrontServer, Limits
 from lbd.front.service import Front
-from lbd.front.storage import StorageAddress
+from lbd.front.storage import StorageAddress, StoragePool
 from lbd.front.usage import UsageSampler
 from lbd.front.wire import Command, Type
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -165,6 +165,8 @@ async def rig(pulsar_server: PulsarLiteServer, tmp_path: Path) -> AsyncIterator[
         log = EventLog(events, ME)
         stack.callback(log.close)
         ownership = OwnershipCache(addr, heartbeat_s=0.05, stale_after_s=2.0)
+        pool = StoragePool(StorageAddress("127.0.0.1", pulsar_server.port, request_timeout_s=5))
+        stack.push_async_callback(pool.close)
         channel = grpc.aio.insecure_channel(addr)
         stack.push_async_callback(channel.close)
         lookups = LookupBatcher(lbd_pb2_grpc.LoadBalancerStub(channel))
@@ -172,7 +174,7 @@ async def rig(pulsar_server: PulsarLiteServer, tmp_path: Path) -> AsyncIterator[
         front = Front(
             broker_id=ME,
             urls=Redirect("pulsar://127.0.0.1:0", ""),
-            storage=StorageAddress("127.0.0.1", pulsar_server.port, request_timeout_s=5),
+            storage=pool,
             ownership=ownership,
             sidecar_lookup=lookups.lookup,
             metrics=FrontMetrics(),
@@ -552,3 +554,18 @@ async def test_a_lookup_held_past_its_bound_fails_retryably(rig: Rig) -> None:
         assert "not registered" in response.message
     finally:
         await client.close()
+
+
+async def test_an_ack_or_flow_for_a_consumer_not_open_here_is_ignored(rig: Rig) -> None:
+    client = await RawClient.open(rig.port)
+    try:
+        client.send(Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=22, messagePermits=5)))
+        client.send(Command(type=Type.ACK, ack=api.CommandAck(consumer_id=22, ack_type=0)))
+        client.send(Command(type=Type.PING, ping=api.CommandPing()))
+        await client.expect(Type.PONG)  # still open
+    finally:
+        await client.close()
+    ignored = rig.front.metrics.registry.get_sample_value(
+        "lbd_front_bad_frames_total", {"reason": "unknown consumer"}
+    )
+    assert ignored == 2.0

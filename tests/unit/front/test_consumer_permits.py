@@ -7,7 +7,7 @@ import asyncio
 from lbd.core.ids import BundleId
 from lbd.front.handles import TOP_UP_INTERVAL_S, ClientConsumer, Handle
 from lbd.front.served import Topic
-from lbd.front.storage import StorageAddress
+from lbd.front.storage import StorageAddress, StoragePool
 from lbd.front.traffic import TopicTraffic, TrafficBook
 from lbd.front.wire import Command, Frame, Type
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -16,7 +16,7 @@ TOPIC = Topic.parse("persistent://t/n/permits")
 
 
 class Services:
-    storage = StorageAddress("127.0.0.1", 1)
+    storage = StoragePool(StorageAddress("127.0.0.1", 1), size=0)
 
     def __init__(self) -> None:
         self.book = TrafficBook()
