@@ -120,7 +120,9 @@ def run(
         harness = None
         try:
             measured = measure_overhead(cluster) if overhead else None
-            harness = ClientHarness(cluster, traffic_spec(cluster))
+            harness = ClientHarness(
+                cluster, traffic_spec(cluster), recovery_timeout_s=400.0 if defaults else 90.0
+            )
             _create_namespace(cluster)
             harness.start()
             actions: dict[str, Callable[[], None]] = {
@@ -259,41 +261,65 @@ def _sequential_p50_ms(producer: pulsar.Producer, messages: int) -> float:
     return statistics.median(latencies)
 
 
+def _rows(result: ClientsResult) -> list[list[str]]:
+    rows = []
+    for name, group in _grouped(result.events):
+        maxima = sorted(e.summary.latency_max_ms for e in group)
+        rows.append(
+            [
+                name,
+                str(len(group)),
+                str(sum(e.summary.failed for e in group)),
+                str(sum(e.summary.lost for e in group)),
+                str(sum(e.summary.duplicates for e in group)),
+                str(sum(e.summary.reordered for e in group)),
+                f"{maxima[-1]:.0f}"
+                + (
+                    f" (p99 {_p99(maxima):.0f}, median {maxima[len(maxima) // 2]:.0f})"
+                    if len(group) > 1
+                    else ""
+                ),
+                f"{max(e.summary.latency_p99_ms for e in group):.1f}",
+                f"{max(e.summary.longest_gap_ms for e in group):.0f}",
+                f"{max(e.lookups_per_topic for e in group):.1f}",
+                _resumed(group),
+                group[-1].note,
+            ]
+        )
+    return rows
+
+
+COLUMNS = (
+    "event",
+    "n",
+    "failed",
+    "lost",
+    "dup",
+    "reordered",
+    "max send ms",
+    "p99 send ms",
+    "longest gap ms",
+    "lookups/topic",
+    "resumed s",
+    "",
+)
+
+
+def events_markdown(result: ClientsResult) -> str:
+    """The events table as Markdown (for the README)."""
+    head = "| " + " | ".join(c or "note" for c in COLUMNS) + " |"
+    rule = "|" + "|".join("---" if c in ("event", "") else "---:" for c in COLUMNS) + "|"
+    return "\n".join([head, rule, *("| " + " | ".join(r) + " |" for r in _rows(result))])
+
+
 def events_table(result: ClientsResult) -> Table:
     """One row per kind of event (repeated events: their worst, and the p99 of their maxima)."""
     mode = f"{result.timings}{', secure' if result.secure else ''}"
     table = Table(title=f"real clients through the brokers, per event ({mode})")
-    for column in (
-        "event",
-        "n",
-        "failed",
-        "lost",
-        "dup",
-        "reordered",
-        "max send ms",
-        "p99 send ms",
-        "longest gap ms",
-        "lookups/topic",
-        "resumed s",
-        "",
-    ):
+    for column in COLUMNS:
         table.add_column(column, justify="left" if column in ("event", "") else "right")
-    for name, group in _grouped(result.events):
-        maxima = sorted(e.summary.latency_max_ms for e in group)
-        table.add_row(
-            name,
-            str(len(group)),
-            str(sum(e.summary.failed for e in group)),
-            str(sum(e.summary.lost for e in group)),
-            str(sum(e.summary.duplicates for e in group)),
-            str(sum(e.summary.reordered for e in group)),
-            f"{maxima[-1]:.0f}" + (f" (p99 {_p99(maxima):.0f})" if len(group) > 1 else ""),
-            f"{max(e.summary.latency_p99_ms for e in group):.1f}",
-            f"{max(e.summary.longest_gap_ms for e in group):.0f}",
-            f"{max(e.lookups_per_topic for e in group):.1f}",
-            _resumed(group),
-            group[-1].note,
-        )
+    for row in _rows(result):
+        table.add_row(*row)
     s = result.safety
     table.caption = (
         f"brokers' logs: {len(s.dual_served)} dual-served intervals, "
@@ -411,6 +437,7 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true", help="lbd's default timings")
     parser.add_argument("--secure", action="store_true", help="a --secure dev cluster")
     parser.add_argument("--events", help=f"comma-separated, of: {', '.join(EVENTS)}")
+    parser.add_argument("--markdown", action="store_true", help="the events table as Markdown too")
     args = parser.parse_args()
     events = (
         tuple(args.events.split(",")) if args.events else (QUICK_EVENTS if args.quick else EVENTS)
@@ -427,6 +454,8 @@ def main() -> None:
             secure=args.secure,
         )
     console.print(events_table(result))
+    if args.markdown:
+        print(events_markdown(result))
     if result.overhead is not None:
         console.print(overhead_table(result.overhead))
     console.print(figures_table("real clients: the goals", figures(result)))

@@ -66,7 +66,7 @@ def run(*, bundles: int = 10_000) -> dict[str, float]:
         state_dir = Path(tmp) / "dev"
         # One broker takes every bundle: the simulated brokers' topics would pass the default
         # max topics per broker (50,000) before ten thousand bundles.
-        spec = DevClusterSpec(brokers=3).with_overrides(
+        spec = DevClusterSpec(brokers=3, sim_brokers=True).with_overrides(
             ["assignment.max_topics_per_broker=10000000"]
         )
         cluster = up(state_dir, spec)

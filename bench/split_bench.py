@@ -84,7 +84,7 @@ def run(*, children: int = CHILDREN, state_dir: Path | None = None) -> dict[str,
     """
     if children < 2:
         raise ValueError(f"children must be at least 2, got {children}")
-    spec = DevClusterSpec(brokers=3).with_overrides(
+    spec = DevClusterSpec(brokers=3, sim_brokers=True).with_overrides(
         [f"split.max_bundles_per_namespace={max(children, 128)}"]
     )
     with _state_dir(state_dir) as where:

@@ -145,11 +145,20 @@ def _scrape_lookups(addr: str) -> float | None:
 class ClientHarness:
     """Real clients on a dev cluster, and the events that disrupt it (the module docstring)."""
 
-    def __init__(self, cluster: DevCluster, spec: TrafficSpec) -> None:
+    def __init__(
+        self,
+        cluster: DevCluster,
+        spec: TrafficSpec,
+        *,
+        recovery_timeout_s: float = RECOVERY_TIMEOUT_S,
+    ) -> None:
+        """``recovery_timeout_s``: how long an event may take to recover (a failover with the
+        default timings takes minutes)."""
         if not cluster.service_url:
             raise LbdError("the dev cluster runs simulated brokers: no client can connect")
         self.cluster = cluster
         self.traffic = ClientTraffic(spec)
+        self.recovery_timeout_s = recovery_timeout_s
         self.windows: list[_Window] = []
         self.killed_at_ns: dict[str, int] = {}
         credentials = cluster.credentials()
@@ -334,7 +343,7 @@ class ClientHarness:
             _wait(
                 f"{broker} drained",
                 lambda: broker not in self.owners().values() or None,
-                RECOVERY_TIMEOUT_S,
+                self.recovery_timeout_s,
             )
             _retry(lambda: self.client().uncordon(broker))
             w.note = f"{broker} drained and back in service"
@@ -429,7 +438,7 @@ class ClientHarness:
             moved = _wait(
                 f"{broker}'s bundles Owned elsewhere",
                 lambda: all(self.owners().get(b, broker) != broker for b in bundles) or None,
-                RECOVERY_TIMEOUT_S,
+                self.recovery_timeout_s,
             )
             failover_s = time.monotonic() - started
             if pause_s is not None:
@@ -537,9 +546,9 @@ class ClientHarness:
                     return None
             return True
 
-        _wait(f"{broker} registered everywhere", every_sidecar_lists_it, RECOVERY_TIMEOUT_S)
+        _wait(f"{broker} registered everywhere", every_sidecar_lists_it, self.recovery_timeout_s)
 
-    def _wait_flowing(self, timeout_s: float = RECOVERY_TIMEOUT_S) -> None:
+    def _wait_flowing(self, timeout_s: float | None = None) -> None:
         """Until every topic delivered a message sent after this call."""
         since = time.monotonic_ns()
         record = self.traffic.record
@@ -552,7 +561,7 @@ class ClientHarness:
             }
             return len(fresh) >= len(self.traffic.spec.topics) or None
 
-        _wait("every topic delivering again", flowing, timeout_s)
+        _wait("every topic delivering again", flowing, timeout_s or self.recovery_timeout_s)
 
 
 def _bundle_holding(topic: str, bundles: tuple[str, ...]) -> str:

@@ -613,8 +613,12 @@ def pulsar_handshake(port: int, timeout_s: float, tls: ssl.SSLContext | None = N
     A TCP connect alone would pass on a frozen server (the kernel accepts into the backlog), so
     the probe completes the handshake. Never raises."""
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as raw:
-            sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=LOOPBACK)
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(
+                socket.create_connection((LOOPBACK, port), timeout=timeout_s)
+            )
+            if tls is not None:
+                sock = stack.enter_context(tls.wrap_socket(sock, server_hostname=LOOPBACK))
             sock.sendall(_PULSAR_CONNECT_FRAME)
             _total_size, command_size = struct.unpack(">II", _recv_exactly(sock, 8))
             if command_size > _MAX_PROBE_COMMAND_SIZE:

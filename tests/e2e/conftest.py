@@ -189,13 +189,21 @@ def _ctl_env(record: DevCluster) -> dict[str, str]:
 
 
 def start_cluster(
-    state_dir: Path, brokers: int = 3, *settings: str, secure: bool = SECURE, traffic: bool = False
+    state_dir: Path,
+    brokers: int = 3,
+    *settings: str,
+    secure: bool = SECURE,
+    traffic: bool = False,
+    sim_brokers: bool = False,
 ) -> Cluster:
+    """``lbd dev up``: broker fronts, or simulated brokers (synthetic load a test can steer)."""
     args = ["dev", "up", "--brokers", str(brokers), "--state-dir", str(state_dir)]
     if secure:
         args.append("--secure")
     if traffic:
         args.append("--traffic")
+    if sim_brokers:
+        args.append("--sim-brokers")
     for s in settings:
         args += ["--set", s]
     started = lbd(*args)

@@ -20,7 +20,8 @@ SETTLE_S = 30.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three brokers with traffic; no automatic shedding (only what a test executes moves), and
+    """Three simulated brokers with synthetic traffic (a load the plan can be told to fix,
+    whatever the machine does); no automatic shedding (only what a test executes moves), and
     a governor that moves one bundle at a time."""
     running = start_cluster(
         tmp_path_factory.mktemp("dev"),
@@ -28,6 +29,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "operations.auto_shedding=false",
         "governor.balancing_cluster=1",
         traffic=True,
+        sim_brokers=True,
     )
     try:
         yield running
