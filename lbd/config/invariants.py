@@ -132,9 +132,9 @@ def _front_drain_vs_release_ack(s: Settings) -> str | None:
     if drain < ack:
         return None
     return (
-        f"front.drain_timeout_s must be < broker.release_ack_timeout_s ({_n(drain)} >= "
-        f"{_n(ack)}): the broker front acknowledges a Release once storage settled or this "
-        "ran out, and the sidecar must still be waiting for that acknowledgement"
+        f"must be < broker.release_ack_timeout_s = {_n(ack)} (got {_n(drain)}): the broker "
+        "front acknowledges a Release once storage settled or this ran out, and the sidecar "
+        "must still be waiting for that acknowledgement"
     )
 
 
@@ -143,8 +143,8 @@ def _front_hold_vs_client_timeout(s: Settings) -> str | None:
     if hold < PULSAR_CLIENT_OPERATION_TIMEOUT_S:
         return None
     return (
-        f"front.lookup_hold_s must be < {_n(PULSAR_CLIENT_OPERATION_TIMEOUT_S)} s, the Pulsar "
-        f"client's operation timeout ({_n(hold)}): a lookup held longer fails at the client "
+        f"must be < {_n(PULSAR_CLIENT_OPERATION_TIMEOUT_S)}, the Pulsar client's operation "
+        f"timeout in seconds (got {_n(hold)}): a lookup held longer fails at the client "
         "instead of telling it to retry"
     )
 

@@ -67,7 +67,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(sidecar: Sidecar) -> None:
 def test_settings_that_break_a_rule_are_a_usage_error_naming_the_keys() -> None:
     done = broker("--broker-id", "b1", "--set", "front.drain_timeout_s=60")
     assert done.returncode == 2
-    assert "front.drain_timeout_s must be < broker.release_ack_timeout_s" in done.stderr
+    assert "front.drain_timeout_s: must be < broker.release_ack_timeout_s" in done.stderr
 
 
 def test_a_broker_id_is_required() -> None:

@@ -259,6 +259,15 @@ INVARIANT_CASES = [
         "broker.own_ack_timeout_s: must be < monitor.inflight_timeout_s = 30 (got 30)",
     ),
     (
+        "[front]\ndrain_timeout_s = 10",
+        "front.drain_timeout_s: must be < broker.release_ack_timeout_s = 10 (got 10)",
+    ),
+    (
+        "[front]\nlookup_hold_s = 30",
+        "front.lookup_hold_s: must be < 30, the Pulsar client's operation timeout in seconds "
+        "(got 30)",
+    ),
+    (
         "[assignment]\nsettle_timeout_s = 10",
         "assignment.settle_timeout_s: must be > broker.own_ack_timeout_s = 10 (got 10)",
     ),

@@ -59,7 +59,7 @@ def test_hello_without_broker_id_is_rejected() -> None:
 
 
 def test_empty_broker_message_is_rejected() -> None:
-    with pytest.raises(InvalidInputError, match="hello, load, ack or lease_request"):
+    with pytest.raises(InvalidInputError, match="hello, load, ack, lease_request or leave"):
         convert.broker_message_from_proto(lbd_pb2.BrokerMessage())
 
 
