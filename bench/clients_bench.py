@@ -162,6 +162,7 @@ def traffic_spec(cluster: DevCluster) -> TrafficSpec:
         rate=RATE,
         size=256,
         tls=tls,
+        log_file=str(Path(cluster.state_dir) / "clients.log"),
     )
 
 
@@ -177,7 +178,8 @@ def measure_overhead(cluster: DevCluster, *, messages: int = 5_000, rounds: int 
     """Produce ``messages`` as fast as the client pipelines them, and 200 one at a time, through
     one front and straight to storage, alternating ``rounds`` times; the best round of each."""
     c = cluster.pulsar_client
-    kwargs: dict[str, object] = {"logger": pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)}
+    log = str(Path(cluster.state_dir) / "clients.log")
+    kwargs: dict[str, object] = {"logger": pulsar.FileLogger(pulsar.LoggerLevel.Error, log)}
     if c:
         kwargs["tls_trust_certs_file_path"] = c["ca_file"]
         kwargs["authentication"] = pulsar.AuthenticationTLS(c["cert_file"], c["key_file"])

@@ -72,7 +72,9 @@ class TrafficSpec:
     send_timeout_ms: int = 30_000
     """The client's default: a send not receipted within this fails."""
     log_level: str = "error"
-    """The client's own log on stderr: "error", "warn" or "info"."""
+    """The client's own log: "error", "warn" or "info"."""
+    log_file: str | None = None
+    """Where the client's own log goes; standard output when unset."""
     operation_timeout_s: int = 30
 
     def __post_init__(self) -> None:
@@ -133,7 +135,11 @@ class ClientTraffic:
             "operation_timeout_seconds": spec.operation_timeout_s,
             # The client's own log, native and errors only: through Python's logging it would
             # hand every debug line to the interpreter, and cost more than the traffic.
-            "logger": pulsar.ConsoleLogger(_LOG_LEVELS[spec.log_level]),
+            "logger": (
+                pulsar.FileLogger(_LOG_LEVELS[spec.log_level], spec.log_file)
+                if spec.log_file
+                else pulsar.ConsoleLogger(_LOG_LEVELS[spec.log_level])
+            ),
         }
         if spec.tls is not None:
             kwargs["tls_trust_certs_file_path"] = spec.tls.ca_file

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             service_url=record.service_url,
             topics=topics_for([NAMESPACE], TOPICS, "e2e"),
             rate=RATE,
+            log_file=str(Path(record.state_dir) / "clients.log"),
             tls=ClientTls(c["ca_file"], c["cert_file"], c["key_file"]) if c else None,
         )
         harness = ClientHarness(record, spec)

@@ -264,6 +264,34 @@ async def test_the_official_client_produces_and_consumes_through_the_front(rig: 
     assert stats.topics == 1
 
 
+async def test_a_reader_reads_from_the_start_and_knows_when_it_has_caught_up(rig: Rig) -> None:
+    bundle = LAYOUT[0]
+    await rig.own(bundle)
+    topic = topic_in(bundle, "reader")
+
+    def session() -> tuple[list[bytes], bool, bool]:
+        client = _official(rig.url)
+        try:
+            producer = client.create_producer(topic)
+            for i in range(5):
+                producer.send(b"r%d" % i)
+            reader = client.create_reader(topic, pulsar.MessageId.earliest)
+            got = []
+            while reader.has_message_available():  # GET_LAST_MESSAGE_ID through the front
+                got.append(reader.read_next(5000).data())
+            caught_up = not reader.has_message_available()
+            producer.send(b"r5")
+            got.append(reader.read_next(5000).data())
+            return got, caught_up, reader.has_message_available()
+        finally:
+            client.close()
+
+    got, caught_up, more = await asyncio.to_thread(session)
+    assert got == [b"r%d" % i for i in range(6)]
+    assert caught_up
+    assert not more
+
+
 async def test_a_topic_not_served_is_redirected_to_its_owner_and_refused_here(rig: Rig) -> None:
     bundle = LAYOUT[1]
     topic = topic_in(bundle)
