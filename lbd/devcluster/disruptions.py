@@ -50,6 +50,10 @@ _T = TypeVar("_T")
 
 SETTLE_S = 2.0
 """After an event's cluster side is over, how long its window stays open (clients catch up)."""
+DRAIN_S = 90.0
+"""How long the clients may take, once they stop sending, to receive what was acknowledged: past
+the official client's longest reconnect backoff (60 s), so that a consumer still waiting to
+reconnect after a long outage is not counted as having lost its messages."""
 RECOVERY_TIMEOUT_S = 90.0
 RESTART_TIMEOUT_S = 60.0
 
@@ -197,7 +201,7 @@ class ClientHarness:
 
     def finish(self) -> tuple[list[EventFigures], SafetyFigures]:
         """Stop the clients (their sends settle) and judge every window and the logs."""
-        self.traffic.stop(drain_s=30.0)
+        self.traffic.stop(drain_s=DRAIN_S)
         record = self.traffic.record
         events = read_events(self.cluster)
         figures = []

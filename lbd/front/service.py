@@ -22,7 +22,8 @@ calls (Own, Release, Close, stopping everything) and what every client connectio
    keeps its handles.
 4. **Lookups**: Connect when the front serves the topic's bundle now; Redirect (authoritative)
    to the owner the ownership view or the sidecar names; a bundle without owner is assigned by
-   the sidecar's Lookup.
+   the sidecar's Lookup. One that cannot be answered now fails with MetadataError, which the
+   client retries on the same connection.
 
 It also keeps the traffic counters behind the load reports and logs ``write`` events (which
 broker wrote which storage entries of a topic, and when) beside own/release/close, so that a
@@ -56,6 +57,11 @@ _log = logging.getLogger(__name__)
 
 L = api.CommandLookupTopicResponse
 E = api.ServerError
+# A lookup that cannot be answered now fails with MetadataError, as Apache Pulsar answers one
+# for a bundle being unloaded (apache/pulsar#21211): the client retries it. ServiceNotReady
+# would make the official client close the whole connection, and every producer and consumer
+# on it would reconnect for one topic's sake.
+NOT_NOW = E.MetadataError
 
 LOOKUP_RETRY_S = 0.5
 """A held lookup asks the sidecar again at least this often (and at every ownership change)."""
@@ -337,9 +343,7 @@ class Front(RecordingHandler):
                 why = f"its owner {owner} is not registered (gone, not yet replaced)"
             left = deadline - time.monotonic()
             if left <= 0:
-                return LookupAnswer(
-                    L.Failed, error=E.ServiceNotReady, message=f"{topic.name}: {why}"
-                )
+                return LookupAnswer(L.Failed, error=NOT_NOW, message=f"{topic.name}: {why}")
             await self._changed.wait(min(LOOKUP_RETRY_S, left))
 
     def learn_brokers(self, urls: dict[BrokerId, Redirect]) -> None:
@@ -352,7 +356,7 @@ class Front(RecordingHandler):
         if not others or authoritative:
             return LookupAnswer(
                 L.Failed,
-                error=E.ServiceNotReady,
+                error=NOT_NOW,
                 message=f"{self.broker_id}'s sidecar cannot look {topic.name} up: {why}",
             )
         self._elsewhere_turn = (self._elsewhere_turn + 1) % len(others)

@@ -39,6 +39,9 @@ from lbd.gen.pulsar import pulsar_api_pb2 as api
 
 _log = logging.getLogger(__name__)
 
+CLOSE_WAIT_S = 5.0
+"""How long a closing storage connection waits for storage to close its side."""
+
 PROTOCOL_VERSION = 20
 """The protocol version the front speaks to storage (and announces to clients at most)."""
 
@@ -188,11 +191,26 @@ class StorageLink(asyncio.Protocol):
         return frame
 
     def close(self) -> None:
-        """Drop the connection (no ``on_lost`` call); idempotent."""
+        """End the connection (no ``on_lost`` call, no more frames handed on); idempotent.
+
+        Without a reset: the front's side is shut for writing, what storage still sends is read
+        and dropped, and the socket closes once storage has closed its side (at most
+        :data:`CLOSE_WAIT_S` later). A socket closed with data unread makes the kernel reset the
+        connection, and pulsar-lite keeps the consumers of a connection that ends with a reset:
+        an Exclusive or Failover subscription would stall behind the dead consumer, with the
+        messages storage sent it, until storage restarts (docs/broker-contract.md)."""
+        already = self._closed
         self._closed = True
         self._on_lost = None
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is not None and not already and not transport.is_closing():
+            if self._out is not None:
+                self._out.flush()
+            if transport.can_write_eof():
+                transport.write_eof()
+                asyncio.get_running_loop().call_later(CLOSE_WAIT_S, _abort_if_open, transport)
+            else:
+                transport.close()  # TLS: its own close handshake ends it
         self._fail_requests("storage connection closed")
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -205,6 +223,8 @@ class StorageLink(asyncio.Protocol):
             transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return  # closing: read and dropped, so that the socket closes without a reset
         try:
             frames = self._decoder.feed(data)
         except FrameError as e:
@@ -256,6 +276,11 @@ class StorageLink(asyncio.Protocol):
             if not future.done():
                 future.set_exception(StorageUnavailableError(why))
         self._requests.clear()
+
+
+def _abort_if_open(transport: asyncio.Transport) -> None:
+    if not transport.is_closing():
+        transport.abort()
 
 
 class StoragePool:

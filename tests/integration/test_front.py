@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import struct
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from lbd.front.handles import Redirect
 from lbd.front.metrics import FrontMetrics
 from lbd.front.server import FrontServer, Limits
 from lbd.front.service import Front
-from lbd.front.storage import StorageAddress, StoragePool
+from lbd.front.storage import StorageAddress, StorageConsumer, StoragePool
 from lbd.front.usage import UsageSampler
 from lbd.front.wire import Command, Type
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -578,7 +579,9 @@ async def test_a_lookup_held_past_its_bound_fails_retryably(rig: Rig) -> None:
         )
         response = (await client.answer(5)).command.lookupTopicResponse
         assert response.response == api.CommandLookupTopicResponse.Failed
-        assert response.error == api.ServiceNotReady
+        # Retryable, and not ServiceNotReady: the official client closes the connection on
+        # that one, and every producer and consumer on it with it.
+        assert response.error == api.MetadataError
         assert "not registered" in response.message
     finally:
         await client.close()
@@ -597,3 +600,43 @@ async def test_an_ack_or_flow_for_a_consumer_not_open_here_is_ignored(rig: Rig) 
         "lbd_front_bad_frames_total", {"reason": "unknown consumer"}
     )
     assert ignored == 2.0
+
+
+async def test_a_storage_consumer_closed_with_messages_in_flight_leaves_its_subscription(
+    pulsar_server: PulsarLiteServer,
+) -> None:
+    # A link closed with messages unread would be reset, and pulsar-lite keeps the consumer of a
+    # reset connection (tests/integration/test_servers.py pins that): the Failover subscription
+    # would stall behind it. The front closes without a reset.
+    topic = f"persistent://acme/front/closing-{uuid.uuid4().hex[:8]}"
+    pool = StoragePool(StorageAddress("127.0.0.1", pulsar_server.port), size=0)
+    delivered: list[int] = []
+    subscribe = api.CommandSubscribe(
+        topic=topic,
+        subscription="s",
+        subType=api.CommandSubscribe.Failover,
+        request_id=1,
+        consumer_name="m",
+        initialPosition=api.CommandSubscribe.Earliest,
+    )
+    first = StorageConsumer(pool, subscribe, lambda f: delivered.append(f.type), lambda why: None)
+    await first.open()
+    first.flow(1000)
+    await asyncio.sleep(0.2)  # the permits go out
+    client = pulsar.Client(pulsar_server.service_url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(200):
+            producer.send(f"m{i}".encode())  # the loop does not run: deliveries stay unread
+        time.sleep(0.3)  # noqa: ASYNC251 -- on purpose: storage sends while nothing reads
+        first.close()
+        await asyncio.sleep(0.5)
+        assert len(delivered) < 200  # some were still unread at the close
+        later = client.subscribe(
+            topic, "s", consumer_type=pulsar.ConsumerType.Failover, consumer_name="z"
+        )
+        got = [later.receive(timeout_millis=5000).data() for _ in range(200)]
+        assert got == [f"m{i}".encode() for i in range(200)]
+    finally:
+        client.close()
+        await pool.close()

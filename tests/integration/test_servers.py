@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -22,6 +23,9 @@ import pulsar.asyncio
 import pytest
 
 from lbd.devcluster import EtcdServer, PulsarLiteServer, ServerError
+from lbd.front.wire import Command, Type
+from lbd.gen.pulsar import pulsar_api_pb2 as api
+from tests.integration.pulsar_wire import RawClient
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(20)]
 
@@ -333,3 +337,53 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+async def test_pulsar_lite_quirk_keeps_a_consumer_whose_connection_was_reset(
+    pulsar_server: PulsarLiteServer, pulsar_client: pulsar.asyncio.Client, pulsar_topic: str
+) -> None:
+    # Pins the storage defect docs/broker-contract.md names: a consumer whose connection ends
+    # with a reset (its process killed with unread data) stays in its subscription. Failover
+    # keeps it active (before a later name) and the messages it was sent stay with it, so the
+    # subscription stalls until pulsar-lite restarts. If this starts failing, storage cleans up.
+    producer = await pulsar_client.create_producer(pulsar_topic, batching_enabled=False)
+    await producer.send(b"before")
+    ghost = await RawClient.open(pulsar_server.port)
+    ghost.send(
+        Command(
+            type=Type.SUBSCRIBE,
+            subscribe=api.CommandSubscribe(
+                topic=pulsar_topic,
+                subscription="test",
+                subType=api.CommandSubscribe.Failover,
+                consumer_id=7,
+                request_id=1,
+                consumer_name="m",
+                initialPosition=api.CommandSubscribe.Earliest,
+            ),
+        )
+    )
+    assert (await ghost.answer(1)).type == Type.SUCCESS
+    ghost.send(Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=7, messagePermits=10)))
+    await ghost.expect(Type.MESSAGE)
+    sock = ghost.writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    ghost.writer.transport.abort()  # a reset, as the kernel sends for a killed process
+    await ghost.close()
+    await asyncio.sleep(0.5)
+    await producer.send(b"after")
+
+    # The synchronous client: a receive given up on is cleaner with it than a cancelled one.
+    client = pulsar.Client(pulsar_server.service_url)
+    try:
+        later = client.subscribe(
+            pulsar_topic, "test", consumer_type=pulsar.ConsumerType.Failover, consumer_name="z"
+        )
+        with pytest.raises(pulsar.Timeout):
+            later.receive(timeout_millis=3000)
+        earlier = client.subscribe(
+            pulsar_topic, "test", consumer_type=pulsar.ConsumerType.Failover, consumer_name="a"
+        )
+        assert earlier.receive(timeout_millis=5000).data() == b"after"  # "before" stays behind
+    finally:
+        client.close()
