@@ -50,10 +50,11 @@ _T = TypeVar("_T")
 
 SETTLE_S = 2.0
 """After an event's cluster side is over, how long its window stays open (clients catch up)."""
-DRAIN_S = 90.0
-"""How long the clients may take, once they stop sending, to receive what was acknowledged: past
-the official client's longest reconnect backoff (60 s), so that a consumer still waiting to
-reconnect after a long outage is not counted as having lost its messages."""
+DRAIN_S = 180.0
+"""How long the clients may take, once they stop sending, to receive what was acknowledged (it
+ends as soon as they have). A consumer that reconnects after a long outage waits up to the
+official client's longest backoff (60 s), and its lookup may be held then retried: one still on
+its way back is late, not short of messages."""
 RECOVERY_TIMEOUT_S = 90.0
 RESTART_TIMEOUT_S = 60.0
 
