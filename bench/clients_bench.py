@@ -24,6 +24,8 @@ With ``--defaults`` the sidecars keep lbd's default timings (a failover waits ou
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -110,18 +112,25 @@ def run(
     overhead: bool = True,
     pause_s: float = 30.0,
     etcd_pause_s: float = 60.0,
+    keep: Path | None = None,
+    client_log_level: str = "error",
 ) -> ClientsResult:
-    """Start a dev cluster, run the events under client traffic, stop it."""
+    """Start a dev cluster, run the events under client traffic, stop it. ``keep``: the
+    cluster's state dir (its logs, event logs and the clients' log), kept after the run."""
     settings = {} if defaults else dict(DEV_SETTINGS)
     spec = DevClusterSpec(brokers=3, secure=secure, settings=settings).with_overrides(list(QUIET))
-    with tempfile.TemporaryDirectory(prefix="lbd-bench-") as tmp:
-        state_dir = Path(tmp) / "dev"
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            state_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lbd-bench-")))
+        else:
+            state_dir = keep
         cluster = up(state_dir, spec)
         harness = None
         try:
             measured = measure_overhead(cluster) if overhead else None
+            spec_of_clients = dataclasses.replace(traffic_spec(cluster), log_level=client_log_level)
             harness = ClientHarness(
-                cluster, traffic_spec(cluster), recovery_timeout_s=400.0 if defaults else 90.0
+                cluster, spec_of_clients, recovery_timeout_s=400.0 if defaults else 90.0
             )
             _create_namespace(cluster)
             harness.start()
@@ -440,6 +449,15 @@ def main() -> None:
     parser.add_argument("--secure", action="store_true", help="a --secure dev cluster")
     parser.add_argument("--events", help=f"comma-separated, of: {', '.join(EVENTS)}")
     parser.add_argument("--markdown", action="store_true", help="the events table as Markdown too")
+    parser.add_argument(
+        "--keep", type=Path, help="run the cluster in this directory and keep its logs"
+    )
+    parser.add_argument(
+        "--client-log",
+        default="error",
+        choices=("error", "warn", "info"),
+        help="the clients' log level: error, warn or info",
+    )
     args = parser.parse_args()
     events = (
         tuple(args.events.split(",")) if args.events else (QUICK_EVENTS if args.quick else EVENTS)
@@ -454,6 +472,8 @@ def main() -> None:
             transfers=5 if args.quick else args.transfers,
             defaults=args.defaults,
             secure=args.secure,
+            keep=args.keep,
+            client_log_level=args.client_log,
         )
     console.print(events_table(result))
     if args.markdown:
