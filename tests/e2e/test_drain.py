@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from lbd.ctl.client import RpcFailure, SidecarClient
-from lbd.devcluster.cluster import load_cluster
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import SECURE, Cluster, lbd, own_topics, stop_cluster, wait_for
+from tests.e2e.conftest import Cluster, own_topics, start_cluster, stop_cluster, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]
 
@@ -40,16 +39,15 @@ dev cluster, so a lease renewal or a re-registration would show."""
 
 
 def start_with_traffic(state_dir: Path, brokers: int) -> Cluster:
-    """``lbd dev up --traffic`` (public/demo assigned, the brokers reporting load), no shedder."""
-    args = ["dev", "up", "--brokers", str(brokers), "--traffic", "--state-dir", str(state_dir)]
-    args += ["--set", "shedding.interval_s=3600"]
-    if SECURE:
-        args.append("--secure")
-    started = lbd(*args)
-    if started.returncode != 0:
-        lbd("dev", "down", "--state-dir", str(state_dir))
-        pytest.fail(f"lbd dev up failed:\n{started.stdout}\n{started.stderr}")
-    return Cluster(load_cluster(state_dir), state_dir)
+    """``lbd dev up --traffic`` (public/demo assigned, the brokers reporting load), no shedder.
+
+    Simulated brokers: their load is even, so the bundles spread. Broker fronts report their
+    process's CPU, and a burst of assignments lands wholly on the one that used least at its
+    last report (as Pulsar's least-usage strategy does), which may leave no broker but the
+    leader with bundles to drain."""
+    return start_cluster(
+        state_dir, brokers, "shedding.interval_s=3600", traffic=True, sim_brokers=True
+    )
 
 
 @pytest.fixture(scope="module")
