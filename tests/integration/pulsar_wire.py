@@ -94,7 +94,12 @@ class RawClient:
         return await self.answer(request_id)
 
     async def subscribe(
-        self, topic: str, consumer_id: int = 1, request_id: int = 2, sub_type: int = 2
+        self,
+        topic: str,
+        consumer_id: int = 1,
+        request_id: int = 2,
+        sub_type: int = 2,
+        consumer_name: str = "",
     ) -> Frame:
         """Subscribe (Failover by default, from the earliest message); the answer."""
         self.send(
@@ -106,6 +111,7 @@ class RawClient:
                     subType=sub_type,  # type: ignore[arg-type]
                     consumer_id=consumer_id,
                     request_id=request_id,
+                    consumer_name=consumer_name,
                     initialPosition=api.CommandSubscribe.Earliest,
                 ),
             )

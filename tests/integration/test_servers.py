@@ -349,21 +349,8 @@ async def test_pulsar_lite_quirk_keeps_a_consumer_whose_connection_was_reset(
     producer = await pulsar_client.create_producer(pulsar_topic, batching_enabled=False)
     await producer.send(b"before")
     ghost = await RawClient.open(pulsar_server.port)
-    ghost.send(
-        Command(
-            type=Type.SUBSCRIBE,
-            subscribe=api.CommandSubscribe(
-                topic=pulsar_topic,
-                subscription="test",
-                subType=api.CommandSubscribe.Failover,
-                consumer_id=7,
-                request_id=1,
-                consumer_name="m",
-                initialPosition=api.CommandSubscribe.Earliest,
-            ),
-        )
-    )
-    assert (await ghost.answer(1)).type == Type.SUCCESS
+    subscribed = await ghost.subscribe(pulsar_topic, consumer_id=7, request_id=1, consumer_name="m")
+    assert subscribed.type == Type.SUCCESS
     ghost.send(Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=7, messagePermits=10)))
     await ghost.expect(Type.MESSAGE)
     sock = ghost.writer.get_extra_info("socket")
