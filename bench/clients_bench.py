@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import statistics
 import tempfile
 import threading
@@ -43,6 +44,7 @@ from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DEV_SETTINGS, DevCluster, DevClusterSpec, down, up
 from lbd.devcluster.disruptions import ClientHarness, EventFigures, SafetyFigures
 from lbd.traffic.clients import ClientTls, TrafficSpec, topics_for
+from lbd.traffic.records import TrafficRecord, lost_sends
 
 NAMESPACE = "bench/clients"
 BUNDLES = 16
@@ -116,7 +118,8 @@ def run(
     client_log_level: str = "error",
 ) -> ClientsResult:
     """Start a dev cluster, run the events under client traffic, stop it. ``keep``: the
-    cluster's state dir (its logs, event logs and the clients' log), kept after the run."""
+    cluster's state dir (its logs, event logs and the clients' log), kept after the run, with
+    ``lost.jsonl`` (each acknowledged message no consumer received, with its storage id)."""
     settings = {} if defaults else dict(DEV_SETTINGS)
     spec = DevClusterSpec(brokers=3, secure=secure, settings=settings).with_overrides(list(QUIET))
     with contextlib.ExitStack() as stack:
@@ -152,6 +155,8 @@ def run(
                 for _ in range(transfers if name == "transfer" else 1):
                     actions[name]()
             figures, safety = harness.finish()
+            if keep is not None:
+                _write_lost(harness.traffic.record, keep / "lost.jsonl")
         finally:
             down(state_dir)
             if harness is not None:
@@ -159,6 +164,23 @@ def run(
     return ClientsResult(
         figures, safety, measured, "defaults" if defaults else "dev timings", secure
     )
+
+
+def _write_lost(record: TrafficRecord, path: Path) -> None:
+    """One JSON line per acknowledged message no consumer received: its topic, producer,
+    sequence, storage id and times (monotonic ns, as the brokers' event logs)."""
+    with path.open("w") as out:
+        for p, seq in lost_sends(record):
+            send = record.producers[p].sends[seq]
+            line = {
+                "topic": record.producers[p].topic,
+                "producer": p,
+                "seq": seq,
+                "message_id": send.message_id,
+                "sent_ns": send.sent_ns,
+                "receipt_ns": send.ended_ns,
+            }
+            out.write(json.dumps(line) + "\n")
 
 
 def traffic_spec(cluster: DevCluster) -> TrafficSpec:

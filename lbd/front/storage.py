@@ -27,6 +27,7 @@ import itertools
 import logging
 import secrets
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -53,6 +54,29 @@ def _handle_id() -> int:
     pulsar-lite keys consumers by id within a subscription: a second consumer of id 1 on the
     subscription (a former owner's, not yet gone) is refused by closing its whole connection."""
     return secrets.randbits(62) + 1
+
+
+REWIND_NAME = " !lbd-rewind"
+"""The name of the consumer a broker adds to a Failover subscription and removes at once, after
+subscribing one of its own (:meth:`StorageConsumer.open`): it sorts before any name a client
+gives (a space sorts below every printable character)."""
+
+
+def newest_first_name(name: str) -> str:
+    """The name a client consumer's storage consumer subscribes with: the client's name, then a
+    stamp that falls as wall time goes on.
+
+    A Failover subscription's active consumer is the one whose name sorts first, and pulsar-lite
+    breaks a tie of names by the lower consumer id. A storage consumer left behind by a broker
+    killed with data unread (DESIGN §1) has the client's name too; with the same name and a
+    random id it would stay active over the client's new consumer half of the time, and take
+    every message it has permits for. With the stamp the newest storage consumer of one client
+    consumer sorts first, while consumers of different names keep their order (a space sorts
+    below any printable character)."""
+    return f"{name} {_STAMP_BASE - time.time_ns():020d}"
+
+
+_STAMP_BASE = 10**20
 
 
 class StorageUnavailableError(LbdError):
@@ -366,6 +390,22 @@ _ANSWERS = {
 }
 
 
+_CONSUMER_FIELDS = {
+    Type.MESSAGE: "message",
+    Type.ACTIVE_CONSUMER_CHANGE: "active_consumer_change",
+    Type.REACHED_END_OF_TOPIC: "reachedEndOfTopic",
+    Type.CLOSE_CONSUMER: "close_consumer",
+}
+
+
+def _consumer_of(frame: Frame) -> int | None:
+    """The consumer id a frame storage sends unasked is for; None for any other frame."""
+    field = _CONSUMER_FIELDS.get(frame.type)  # type: ignore[call-overload]
+    if field is None:
+        return None
+    return int(getattr(frame.command, field).consumer_id)
+
+
 def _request_id(frame: Frame) -> int | None:
     """The request id of an answer to a request, None for any other frame."""
     field = _ANSWERS.get(frame.type)  # type: ignore[call-overload]
@@ -502,6 +542,7 @@ class StorageConsumer:
         self._subscribe.CopyFrom(subscribe)
         self._id = _handle_id()
         self._subscribe.consumer_id = self._id
+        self._subscribe.consumer_name = newest_first_name(subscribe.consumer_name)
         self._on_frame = on_frame
         self._on_lost: Callable[[str], None] | None = on_lost
         self._link: StorageLink | None = None
@@ -511,9 +552,32 @@ class StorageConsumer:
         self._link = await self._pool.connect(self._frame, self._lost)
         try:
             await self._link.request(Command(type=Type.SUBSCRIBE, subscribe=self._subscribe))
+            if self._subscribe.subType == api.CommandSubscribe.Failover:
+                await self._rewind(self._link)
         except BaseException:
             self.close()
             raise
+
+    async def _rewind(self, link: StorageLink) -> None:
+        """Have storage dispatch the subscription again from its first unacknowledged message,
+        before the client gives any permit.
+
+        Apache Pulsar rewinds a Failover subscription whenever its active consumer changes.
+        pulsar-lite does when the active consumer leaves, not when a new one takes over, so the
+        messages it sent a consumer left behind by a killed broker would stay with that one. A
+        consumer named to sort first (active while it is there, with no permit) joins and
+        leaves."""
+        probe = api.CommandSubscribe()
+        probe.CopyFrom(self._subscribe)
+        probe.consumer_id = _handle_id()
+        probe.consumer_name = REWIND_NAME
+        try:
+            await link.request(Command(type=Type.SUBSCRIBE, subscribe=probe))
+        except StorageRefusedError as e:
+            _log.warning("%s: no rewind of the subscription: %s", self._subscribe.topic, e)
+            return
+        close = api.CommandCloseConsumer(consumer_id=probe.consumer_id, request_id=0)
+        await link.request(Command(type=Type.CLOSE_CONSUMER, close_consumer=close))
 
     def flow(self, permits: int) -> None:
         """Let storage deliver ``permits`` more messages."""
@@ -591,6 +655,8 @@ class StorageConsumer:
             self._link.send(command)
 
     def _frame(self, frame: Frame) -> None:
+        if _consumer_of(frame) not in (self._id, None):
+            return  # the rewind's consumer
         if frame.type == Type.CLOSE_CONSUMER:
             self._lost("storage closed the consumer")
         else:

@@ -224,10 +224,12 @@ class ClientTraffic:
         seq = len(record.producers[index].sends)
         send = record.sent(index, time.monotonic_ns())
 
-        def done(result: Any, _message_id: Any) -> None:
+        def done(result: Any, message_id: Any) -> None:
             send.ended_ns = time.monotonic_ns()
             if result != pulsar.Result.Ok:
                 send.error = str(result)
+            else:
+                send.message_id = str(message_id)
 
         try:
             producer.send_async(payload(index, seq, size), done)

@@ -51,6 +51,8 @@ class Send:
     sent_ns: int
     ended_ns: int | None = None
     error: str | None = None
+    message_id: str | None = None
+    """The id storage gave the message, as the client prints it (an acknowledged send)."""
 
 
 @dataclass(slots=True)
@@ -223,3 +225,14 @@ def _longest_gap(per_topic: Iterable[list[int]]) -> int:
         for a, b in itertools.pairwise(times):
             longest = max(longest, b - a)
     return longest
+
+
+def lost_sends(record: TrafficRecord) -> list[tuple[int, int]]:
+    """Every acknowledged send no consumer received, as (producer, sequence), in order."""
+    received = {(d.producer, d.seq) for d in list(record.deliveries)}
+    return [
+        (p, seq)
+        for p, producer in enumerate(record.producers)
+        for seq, send in enumerate(list(producer.sends))
+        if send.ended_ns is not None and send.error is None and (p, seq) not in received
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import struct
 import time
 import uuid
@@ -39,7 +40,7 @@ from lbd.front.handles import Redirect
 from lbd.front.metrics import FrontMetrics
 from lbd.front.server import FrontServer, Limits
 from lbd.front.service import Front
-from lbd.front.storage import StorageAddress, StorageConsumer, StoragePool
+from lbd.front.storage import StorageAddress, StorageConsumer, StoragePool, newest_first_name
 from lbd.front.usage import UsageSampler
 from lbd.front.wire import Command, Type
 from lbd.gen.pulsar import pulsar_api_pb2 as api
@@ -640,3 +641,63 @@ async def test_a_storage_consumer_closed_with_messages_in_flight_leaves_its_subs
     finally:
         client.close()
         await pool.close()
+
+
+@pytest.mark.parametrize("ghost_id", [1, 2**62])
+async def test_a_consumer_left_by_a_killed_broker_keeps_nothing_from_the_clients_next(
+    pulsar_server: PulsarLiteServer, ghost_id: int
+) -> None:
+    # A broker killed with deliveries unread leaves its storage consumer behind (pulsar-lite
+    # keeps the consumer of a reset connection), named as the client's consumer is. The
+    # client's next consumer, through another broker, must be the active one whatever the ids
+    # (pulsar-lite breaks a tie of names by the lower id) and get what the dead one was sent.
+    topic = f"persistent://acme/front/ghost-{uuid.uuid4().hex[:8]}"
+    client = pulsar.Client(pulsar_server.service_url)
+    pool = StoragePool(StorageAddress("127.0.0.1", pulsar_server.port), size=0)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"before")
+        ghost = await RawClient.open(pulsar_server.port)
+        subscribed = await ghost.subscribe(
+            topic, consumer_id=ghost_id, request_id=1, consumer_name=newest_first_name("m")
+        )
+        assert subscribed.type == Type.SUCCESS
+        ghost.send(
+            Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=ghost_id, messagePermits=9))
+        )
+        await ghost.expect(Type.MESSAGE)
+        sock = ghost.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        ghost.writer.transport.abort()  # a reset, as the kernel sends for a killed process
+        await ghost.close()
+        await asyncio.sleep(0.5)
+
+        got: list[bytes] = []
+        subscribe = api.CommandSubscribe(
+            topic=topic,
+            subscription="test",
+            subType=api.CommandSubscribe.Failover,
+            request_id=1,
+            consumer_name="m",
+            initialPosition=api.CommandSubscribe.Earliest,
+        )
+        consumer = StorageConsumer(
+            pool,
+            subscribe,
+            lambda f: got.append(_body(f.payload or b"")) if f.type == Type.MESSAGE else None,
+            lambda why: None,
+        )
+        await consumer.open()
+        consumer.flow(100)
+        producer.send(b"after")
+        await until(lambda: len(got) >= 2)
+        assert got == [b"before", b"after"]
+        consumer.close()
+    finally:
+        client.close()
+        await pool.close()
+
+
+def _body(payload: bytes) -> bytes:
+    """A MESSAGE's body: its payload past the metadata (a 4-byte size, then the metadata)."""
+    return payload[4 + int.from_bytes(payload[:4], "big") :]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lbd.traffic.records import TrafficRecord, parse_payload, payload, summarize
+from lbd.traffic.records import TrafficRecord, lost_sends, parse_payload, payload, summarize
 
 MS = 1_000_000
 
@@ -51,6 +51,14 @@ def test_an_acknowledged_message_never_received_is_lost() -> None:
     s = summarize(record)
     assert s.lost == 1
     assert s.lost_examples == ("persistent://t/n/a #2 (producer 0)",)
+
+
+def test_the_lost_sends_are_the_acknowledged_ones_no_consumer_received() -> None:
+    record = _record()
+    record.producers[0].sends[1].error = "Timeout"  # failed, not lost
+    record.producers[0].sends[4].ended_ns = None  # pending, not lost
+    _deliver(record, [0, 3])
+    assert lost_sends(record) == [(0, 2)]
 
 
 def test_a_failed_send_is_not_lost_but_failed() -> None:
