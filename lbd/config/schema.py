@@ -728,7 +728,9 @@ class MonitorSettings(Section):
 
     interval_s: Seconds = 60.0
     """How often the leader sweeps the channel for orphans, stuck and stale states (Pulsar
-    loadBalancerServiceUnitStateMonitorIntervalInSeconds)."""
+    loadBalancerServiceUnitStateMonitorIntervalInSeconds). A gone broker's bundles do not wait
+    for it: the leader also sweeps when a gone broker's orphan grace ends, and when it is
+    elected."""
     inflight_timeout_s: Seconds = 30.0
     """An Assigning, Releasing or Splitting state older than this is stuck and gets fixed
     (Pulsar loadBalancerInFlightServiceUnitStateWaitingTimeInMillis)."""

@@ -5,6 +5,10 @@ etcd is paused for a minute (its leases expire meanwhile and are revoked on resu
 VM's single etcd does) and killed and restarted on its data after a minute (a restarted etcd
 extends every lease by its TTL). pulsar-lite is killed and restarted: while it is away, owned
 lookups keep answering from the table and a lookup that needs an assignment fails fast.
+
+The second, ``--secure`` pass of ``make test`` leaves out the etcd pause to keep CI short: the etcd
+kill already has every sidecar connect to etcd again over TLS, and the pause adds nothing TLS
+changes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 from lbd.devcluster.cluster import DEV_SETTINGS
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
 from tests.e2e.conftest import (
+    SECURE,
     Cluster,
     own_topics,
     start_cluster,
@@ -79,6 +84,7 @@ def assert_no_outage_of_data(report: OutageReport, recovery_bound_s: float) -> N
     assert report.recovery_s <= recovery_bound_s
 
 
+@pytest.mark.skipif(SECURE, reason="the etcd kill covers TLS reconnects (CI time)")
 def test_etcd_paused_for_a_minute_closes_and_moves_nothing(
     cluster: tuple[Cluster, OutageRun],
 ) -> None:

@@ -1,7 +1,8 @@
 """The leader's ownership monitor (DESIGN §4, §8).
 
-Every ``monitor.interval_s`` while leading, the monitor sweeps the channel table and fixes what
-nobody else will:
+As soon as it leads, then every ``monitor.interval_s``, and whenever a gone broker's orphan grace
+ends (the registry's watch says when a broker vanished), the monitor sweeps the channel table and
+fixes what nobody else will:
 
 - **orphans**: a bundle whose server (:func:`server_of`: its owner, the source of a Releasing or
   Splitting, the destination of an Assigning) is not registered and has stayed away for
@@ -45,7 +46,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from lbd.core.assign import Selection
@@ -60,6 +61,7 @@ from lbd.core.table import StateTable
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
+from lbd.ports.metadata import RegistryEvent
 from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
@@ -68,6 +70,7 @@ from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
 from lbd.services.leader.decisions import DecisionLog
 from lbd.services.leader.governor import ExecutionGovernor
+from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +84,13 @@ HANDOVER_PASS_GAP_S = 0.05
 """The least time between two passes that hand over announced moves as their waits end."""
 _SLACK_S = 1e-6
 """A full sweep due this close is due now (a clock's sleep may end a rounding error early)."""
+_GRACE_SLACK_S = 0.001
+"""A sweep for a grace that ends runs this much after it, so that it finds the broker away for
+the whole grace, not a rounding error less (which would leave it waiting, for a sweep at once)."""
+GRACE_RETRY_S = 1.0
+"""A full sweep due because a gone broker's grace ended, or a new leader's first, but skipped
+(safe mode, the channel not caught up), is tried again this much later rather than at the next
+interval."""
 WRITE_WINDOW = 4096
 """Channel writes one sweep has in flight at once. The channel writer sends them in batches, so
 a write in flight costs a queued entry, not a message: announcing 10,000 orphans took 1.6 s of
@@ -214,25 +224,50 @@ class OwnershipMonitor:
         handed over then (:meth:`run_held`) rather than at the next full sweep."""
         self._written_at: dict[BundleId, tuple[float, BrokerId | None, int]] = {}
         """When this leader's own announcements were persisted, until it reads them back."""
+        self._grace_ends: dict[BrokerId, float] = {}
+        """Gone brokers, by when their orphan grace ends (monotonic): a full sweep runs then,
+        not at the next interval. From the registry's watch and from each full sweep."""
+        self._registry_changed = asyncio.Event()
 
     async def run_leading(self, term: int) -> None:
-        """The leader duty: a sweep every interval until cancelled. In between, announced moves
-        are handed over as their hand-over waits end, and orphans held back for the governor's
-        recovery budget go as soon as a quarter of the recovery slots in use are free again
-        (:meth:`run_held`), each without a walk of the whole table; the whole table is swept
-        every interval all the same.
+        """The leader duty: a sweep at once, then every interval until cancelled, and one
+        whenever a gone broker's orphan grace ends (the registry's watch says when a broker
+        vanished): a crashed broker's bundles are announced when its grace ends, not up to an
+        interval later. In between, announced moves are handed over as their hand-over waits
+        end, and orphans held back for the governor's recovery budget go as soon as a quarter of
+        the recovery slots in use are free again (:meth:`run_held`), each without a walk of the
+        whole table; the whole table is swept every interval all the same.
 
         A quarter, not all: a broker's recovery slots hold two Own batches' worth of bundles
         (``governor.recovery_per_broker``), so that one batch is taken while the next is on its
         way, and the next pass starts as soon as one batch has settled."""
-        last_full = self._clock.monotonic()
+        # Subscribed before the first sweep: a broker gone after it is told of by the watch.
+        watch = guard(self._follow_registry(self._registry.changes()), name="monitor-registry")
+        try:
+            await self._lead(term)
+        finally:
+            await cancel_and_wait(watch)
+
+    async def _lead(self, term: int) -> None:
+        last_full = -math.inf  # a new leader sweeps at once (and retries until one ran)
         last_pass = -math.inf
+        swept = False
         while True:
+            self._registry_changed.clear()
             now = self._clock.monotonic()
-            full_at = last_full + self._settings.interval_s
+            full_at = min(
+                last_full + self._settings.interval_s,
+                min(self._grace_ends.values(), default=math.inf) + _GRACE_SLACK_S,
+            )
             if now >= full_at - _SLACK_S:
-                await self.run_once(term)
+                report = await self.run_once(term)
                 last_full = self._clock.monotonic()
+                if report.skipped is None:
+                    swept = True
+                else:
+                    self._retry_graces(last_full)
+                    if not swept:
+                        last_full += GRACE_RETRY_S - self._settings.interval_s
                 continue
             # Passes are spaced a little: hand-overs come due in the batches their
             # announcements were written in, and one pass takes every one due by then.
@@ -259,13 +294,45 @@ class OwnershipMonitor:
                     wake = max(limit, earliest)
             now = self._clock.monotonic()
             if wake > now:
-                await self._clock.sleep(wake - now)
+                with contextlib.suppress(DeadlineError):
+                    await within(
+                        self._clock, wake - now, self._registry_changed.wait(), "a gone broker"
+                    )
+                if self._registry_changed.is_set():
+                    continue  # a broker came or went: when is the next full sweep due?
                 now = self._clock.monotonic()
             # Only sweeps and passes, run by this loop, change ``_due``: ``due`` is still its
             # earliest.
             if now < full_at - _SLACK_S and (self._held or (due is not None and due <= now)):
                 await self.run_held(term)
                 last_pass = self._clock.monotonic()
+
+    async def _follow_registry(self, changes: AsyncIterator[RegistryEvent]) -> None:
+        """Note when each broker that vanishes from the registry ends its grace (one that
+        registers again has none), and wake the duty."""
+        grace_s = self._settings.orphan_cleanup_grace_s
+        async for event in changes:
+            since = self._registry.absent_since(event.broker) if event.value is None else None
+            if since is None:
+                self._grace_ends.pop(event.broker, None)
+            else:
+                self._grace_ends[event.broker] = since + grace_s
+            self._registry_changed.set()
+
+    def _note_graces(self, sweep: _Sweep) -> None:
+        """After a full sweep: the graces of the gone brokers it left waiting, and of those the
+        watch told of since it began; the ones that ended before it began it has dealt with."""
+        grace_s = self._settings.orphan_cleanup_grace_s
+        ends = {b: t for b, t in self._grace_ends.items() if t > sweep.mono}
+        for broker, gone_s in sweep.waiting.items():
+            ends[broker] = sweep.mono + grace_s - gone_s
+        self._grace_ends = ends
+
+    def _retry_graces(self, now: float) -> None:
+        """A skipped sweep dealt with no grace that ended: try again shortly."""
+        for broker, at in self._grace_ends.items():
+            if at <= now:
+                self._grace_ends[broker] = now + GRACE_RETRY_S
 
     async def run_held(self, term: int) -> SweepReport:
         """Hand over the orphans sweeps held back for the recovery budget, and the announced
@@ -368,6 +435,7 @@ class OwnershipMonitor:
                 task.cancel()  # only left running when the sweep itself was cancelled
         if sweep.skipped is None:
             self._note_cancelled(sweep.waiting, live)
+            self._note_graces(sweep)
             # A broker the table no longer names starts a new grace if it is named again.
             self._gone.keep_only(sweep.away)
         return sweep.report()

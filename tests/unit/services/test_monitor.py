@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 from harness import Harness, Timing
-from rig import QUIET, settle, turns
+from rig import QUIET, let_run, settle, turns
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog
@@ -242,6 +242,50 @@ async def test_orphans_held_back_by_the_recovery_budget_go_as_soon_as_a_slot_is_
             await r.write(B1, S.Owned, dst=Y, src=X)  # Y's sidecar took B1: its slot is free
             await turns(lambda: r.follower.get(B2).state is S.Assigning)
             assert r.follower.get(B2).dst_broker == Y
+
+
+async def test_the_leader_duty_announces_a_gone_brokers_bundles_as_its_grace_ends() -> None:
+    # The duty's full sweeps are NEVER_S apart here: the announcement comes from the registry's
+    # watch, a sweep when the gone broker's grace ends, not from the next interval.
+    async with rig() as r:
+        await r.register(X, Y)
+        for bundle in (B1, B2):
+            await r.write(bundle, S.Owned, dst=X)
+        async with r.leading():
+            await let_run()  # the duty's first sweep, at once
+            await r.deregister(X)
+            await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s - 0.5)
+            assert [r.follower.get(b).state for b in (B1, B2)] == [S.Owned, S.Owned]
+            await r.clock.run_for(1.0)
+            await turns(lambda: all(r.follower.get(b).state is S.Releasing for b in (B1, B2)))
+            assert r.cleanup("orphan", "Success") == 2
+
+
+async def test_a_broker_back_within_its_grace_keeps_its_bundles_while_the_duty_runs() -> None:
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        async with r.leading():
+            await let_run()
+            await r.deregister(X)
+            await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s / 2)
+            await r.register(X)
+            await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s)
+            await let_run()
+            assert r.follower.get(B1).state is S.Owned
+            assert r.follower.get(B1).dst_broker == X
+
+
+async def test_a_new_leader_sweeps_at_once() -> None:
+    # X vanished a grace ago, before this sidecar led: its first sweep announces X's bundle
+    # rather than an interval (NEVER_S here) after the election.
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        await r.deregister(X)
+        await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+        async with r.leading():
+            await turns(lambda: r.follower.get(B1).state is S.Releasing)
 
 
 async def test_the_leader_duty_hands_an_announced_move_over_when_its_wait_ends() -> None:
