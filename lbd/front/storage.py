@@ -62,6 +62,10 @@ subscribing one of its own (:meth:`StorageConsumer.open`): it sorts before any n
 gives (a space sorts below every printable character)."""
 
 
+_STAMP_BASE = 10**20
+"""Above any wall time in nanoseconds: the stamp is this less the time, 20 digits."""
+
+
 def newest_first_name(name: str) -> str:
     """The name a client consumer's storage consumer subscribes with: the client's name, then a
     stamp that falls as wall time goes on.
@@ -74,9 +78,6 @@ def newest_first_name(name: str) -> str:
     consumer sorts first, while consumers of different names keep their order (a space sorts
     below any printable character)."""
     return f"{name} {_STAMP_BASE - time.time_ns():020d}"
-
-
-_STAMP_BASE = 10**20
 
 
 class StorageUnavailableError(LbdError):

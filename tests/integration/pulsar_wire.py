@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import time
 
 from lbd.front import wire
@@ -154,6 +156,14 @@ class RawClient:
             wire.make_payload(metadata, body),
         )
         return sequence
+
+    async def reset(self) -> None:
+        """End the connection with a reset, as the kernel does for a process killed with data
+        unread, then close."""
+        sock = self.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.writer.transport.abort()
+        await self.close()
 
     async def close(self) -> None:
         self.writer.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import struct
 import time
 import uuid
@@ -612,14 +611,7 @@ async def test_a_storage_consumer_closed_with_messages_in_flight_leaves_its_subs
     topic = f"persistent://acme/front/closing-{uuid.uuid4().hex[:8]}"
     pool = StoragePool(StorageAddress("127.0.0.1", pulsar_server.port), size=0)
     delivered: list[int] = []
-    subscribe = api.CommandSubscribe(
-        topic=topic,
-        subscription="s",
-        subType=api.CommandSubscribe.Failover,
-        request_id=1,
-        consumer_name="m",
-        initialPosition=api.CommandSubscribe.Earliest,
-    )
+    subscribe = _failover(topic, "s", "m")
     first = StorageConsumer(pool, subscribe, lambda f: delivered.append(f.type), lambda why: None)
     await first.open()
     first.flow(1000)
@@ -666,24 +658,13 @@ async def test_a_consumer_left_by_a_killed_broker_keeps_nothing_from_the_clients
             Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=ghost_id, messagePermits=9))
         )
         await ghost.expect(Type.MESSAGE)
-        sock = ghost.writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        ghost.writer.transport.abort()  # a reset, as the kernel sends for a killed process
-        await ghost.close()
+        await ghost.reset()  # as the kernel does for a killed process
         await asyncio.sleep(0.5)
 
         got: list[bytes] = []
-        subscribe = api.CommandSubscribe(
-            topic=topic,
-            subscription="test",
-            subType=api.CommandSubscribe.Failover,
-            request_id=1,
-            consumer_name="m",
-            initialPosition=api.CommandSubscribe.Earliest,
-        )
         consumer = StorageConsumer(
             pool,
-            subscribe,
+            _failover(topic, "test", "m"),
             lambda f: got.append(_body(f.payload or b"")) if f.type == Type.MESSAGE else None,
             lambda why: None,
         )
@@ -701,3 +682,15 @@ async def test_a_consumer_left_by_a_killed_broker_keeps_nothing_from_the_clients
 def _body(payload: bytes) -> bytes:
     """A MESSAGE's body: its payload past the metadata (a 4-byte size, then the metadata)."""
     return payload[4 + int.from_bytes(payload[:4], "big") :]
+
+
+def _failover(topic: str, subscription: str, consumer_name: str) -> api.CommandSubscribe:
+    """A client's SUBSCRIBE to a Failover subscription from the earliest message."""
+    return api.CommandSubscribe(
+        topic=topic,
+        subscription=subscription,
+        subType=api.CommandSubscribe.Failover,
+        request_id=1,
+        consumer_name=consumer_name,
+        initialPosition=api.CommandSubscribe.Earliest,
+    )

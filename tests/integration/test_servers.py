@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -353,10 +352,7 @@ async def test_pulsar_lite_quirk_keeps_a_consumer_whose_connection_was_reset(
     assert subscribed.type == Type.SUCCESS
     ghost.send(Command(type=Type.FLOW, flow=api.CommandFlow(consumer_id=7, messagePermits=10)))
     await ghost.expect(Type.MESSAGE)
-    sock = ghost.writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    ghost.writer.transport.abort()  # a reset, as the kernel sends for a killed process
-    await ghost.close()
+    await ghost.reset()  # as the kernel does for a killed process
     await asyncio.sleep(0.5)
     await producer.send(b"after")
 
