@@ -175,6 +175,21 @@ def test_brokers_of_different_sizes_end_equally_loaded() -> None:
     assert math.isclose(after[BrokerId("small")], 0.2) and math.isclose(after[BrokerId("big")], 0.2)
 
 
+def test_a_broker_left_with_a_trickle_of_traffic_still_takes_bundles() -> None:
+    # Every bundle was moved to "hot"; the others' throughput EMAs decay towards nothing while
+    # their base load (CPU, memory) stays. Their own ratio (0.14 over a few bytes/s) would price
+    # any byte moved to them as their whole base load, so no move would be planned.
+    snapshot = cluster({"hot": [10] * 8, "trickle": [], "idle": []})
+    brokers = dict(snapshot.brokers)
+    brokers[BrokerId("trickle")] = data(0.14, 16.0)
+    brokers[BrokerId("idle")] = data(0.14, 0.0)
+    snapshot = LoadSnapshot(brokers=brokers, top_bundles=snapshot.top_bundles)
+    moves, skip, _ = shed(snapshot)
+    assert skip is None and {dst for _, _, dst in moves} == {"trickle", "idle"}
+    est = estimate(snapshot, _loads(snapshot), ShedderState())
+    assert est is not None and est.per_byte[BrokerId("trickle")] == est.per_byte[BrokerId("hot")]
+
+
 def test_a_bundle_does_not_go_back_to_a_broker_it_left_within_the_hour() -> None:
     back = bundle("b", 0)  # the right size to balance a and b
     snapshot = cluster({"a": [5], "b": [30, 40, 5]})

@@ -11,8 +11,11 @@ The estimate (:func:`estimate`):
 
 1. **Load per byte.** A broker's ``weighted_max_ema`` over its ``msg_throughput_ema`` is what one
    byte/s costs it. It differs between brokers of different sizes, so a move's effect is computed
-   on each side with that side's own ratio. A broker without traffic (a new one) takes the
-   cluster's median ratio, scaled by its network capacity against the others' when both are known.
+   on each side with that side's own ratio. A broker without traffic (a new one), or with too
+   little to measure it (under :data:`MEASURABLE_SHARE` of the mean broker's throughput: its
+   load is then its base cost, and the ratio of a throughput decaying to nothing grows without
+   bound), takes the cluster's median ratio, scaled by its network capacity against the
+   others' when both are known.
 2. **Lag.** The EMA trails the raw load; the latest raw sample (``usage``) does not. A broker's load
    is its EMA moved by the change between its EMA throughput and its latest raw throughput.
 3. **Moves not reported yet.** The strategy remembers its own moves (:class:`ShedderState.moves`);
@@ -79,6 +82,10 @@ SOURCES_TRIED = 4
 """Most loaded brokers considered as the source of each move."""
 DESTINATIONS_TRIED = 6
 """Least loaded brokers considered as the destination of each bundle."""
+MEASURABLE_SHARE = 0.05
+"""A broker's own load per byte is used only when its throughput EMA is at least this share of
+the mean broker's: a broker left with a trickle (its bundles moved away, its EMA decaying) would
+otherwise price every byte moved to it as if it cost its whole base load."""
 _EPSILON = 1e-12
 
 
@@ -109,10 +116,12 @@ def estimate(
 ) -> Estimate | None:
     """The estimate of the module docstring over the brokers of ``loads``; None when no broker
     carries traffic (no load per byte is known)."""
+    mean_throughput = math.fsum(d.msg_throughput_ema for d in loads.values()) / max(1, len(loads))
+    measurable = max(_EPSILON, MEASURABLE_SHARE * mean_throughput)
     known = {
         b: d.weighted_max_ema / d.msg_throughput_ema
         for b, d in loads.items()
-        if d.msg_throughput_ema > 0 and d.weighted_max_ema > 0
+        if d.msg_throughput_ema >= measurable and d.weighted_max_ema > 0
     }
     if not known:
         return None
