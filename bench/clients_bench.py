@@ -17,8 +17,8 @@ that did not serve the bundle at that instant, storage order.
 ``overhead`` produces through one broker front and straight to the storage pulsar-lite, the same
 client in the same run, interleaved: the front's throughput and p50 latency against storage's.
 
-With ``--defaults`` the sidecars keep lbd's default timings (a failover waits out a 15 s lease, a
-60 s orphan grace and the hand-over wait) instead of the dev cluster's short ones.
+With ``--defaults`` the sidecars keep lbd's default timings (a failover waits out a 3 s lease, a
+1.5 s orphan grace and the 4.5 s hand-over wait) instead of the dev cluster's (a 7 s grace).
 """
 
 from __future__ import annotations

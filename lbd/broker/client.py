@@ -138,6 +138,10 @@ class BrokerClient:
         self._reconnect = (reconnect_min_s, reconnect_max_s)
         self._credentials = credentials
         self._owned: set[BundleId] = set()
+        self._revoked: dict[BundleId, int] = {}
+        """Bundles whose Release or Close has arrived and is not carried out yet, with its
+        command id (ids grow in the order the sidecar sends): an Own sent before it does not make
+        the bundle servable when it is carried out."""
         self._lease: BrokerLease | None = None
         self._lease_duration_s = 0.0
         self._sessions = 0
@@ -298,6 +302,7 @@ class BrokerClient:
 
     def _open_session(self) -> None:
         self._sessions += 1
+        self._revoked.clear()
         self._lease = BrokerLease()
         self._lease_duration_s = 0.0
         _log.info("session %d with sidecar %s open", self._sessions, self._sidecar)
@@ -317,10 +322,22 @@ class BrokerClient:
         commands: asyncio.Queue[lbd_pb2.SidecarMessage],
     ) -> None:
         async for message in call:
-            if message.WhichOneof("kind") == "lease":
+            kind = message.WhichOneof("kind")
+            if kind == "lease":
                 self._granted(lease, message.lease, granted)
-            else:
-                commands.put_nowait(message)
+                continue
+            if kind in ("release", "close"):
+                self._revoke(message, getattr(message, kind).bundle)
+            commands.put_nowait(message)
+
+    def _revoke(self, command: lbd_pb2.SidecarMessage, text: str) -> None:
+        """Stop serving a bundle the moment its Release or Close arrives, before any lease
+        granted after it (the sidecar withholds grants until it has sent the command, and counts
+        on this): the commands before it in the queue may take a while."""
+        with contextlib.suppress(InvalidInputError):  # refused when it is carried out
+            bundle = parse_bundle_id(text).id
+            self._owned.discard(bundle)
+            self._revoked[bundle] = command.command_id
 
     def _granted(
         self, lease: BrokerLease, msg: lbd_pb2.ServingLease, granted: asyncio.Event
@@ -381,10 +398,12 @@ class BrokerClient:
             return ack
         error: str | None
         if kind == "own":
-            error = await self._own_one(bundle)
+            error = await self._own_one(bundle, command.command_id)
         else:
             try:
                 self._owned.discard(bundle)
+                if self._revoked.get(bundle) == command.command_id:
+                    del self._revoked[bundle]
                 error = await self._carry_out(command, kind, bundle)
             except Exception as e:
                 _log.exception("%s %s failed", kind, bundle)
@@ -406,7 +425,7 @@ class BrokerClient:
             except InvalidInputError as e:
                 ack.failed.add(bundle=text, error=str(e))
                 continue
-            error = await self._own_one(bundle)
+            error = await self._own_one(bundle, command.command_id)
             if error is not None:
                 ack.failed.add(bundle=bundle, error=error)
         if ack.failed:
@@ -419,8 +438,9 @@ class BrokerClient:
         )
         return ack
 
-    async def _own_one(self, bundle: BundleId) -> str | None:
-        """Take one bundle (of an Own, or of an Own batch): the error, if any."""
+    async def _own_one(self, bundle: BundleId, command_id: int) -> str | None:
+        """Take one bundle (of an Own, or of an Own batch): the error, if any. It becomes
+        servable unless a Release or Close of it sent after this Own has already arrived."""
         lease = self._lease
         lapses = lease.lapses if lease is not None else 0
         try:
@@ -431,7 +451,7 @@ class BrokerClient:
                     # first, so this one is dropped as well (the sidecar drops it too when it
                     # learns of the lapse from the next request).
                     await self._handler.close(bundle, LEASE_RAN_OUT)
-                else:
+                elif self._revoked.get(bundle, -1) < command_id:
                     self._owned.add(bundle)
         except Exception as e:
             _log.exception("own %s failed", bundle)

@@ -4,16 +4,19 @@ Modelled on patroni's ``_validate_and_adjust_timeouts``, except that lbd rejects
 adjusts: a silently changed timeout is a surprise during an incident. Each rule names the keys it
 reads; the first is where a violation is reported, because that is the key to change.
 
-The fencing rule carries the safety argument of DESIGN §8 ("at no instant do two brokers serve
-the same bundle"). Let t0 be the send time of the sidecar's last successful lease renewal. The
-leader may hand the bundles to another broker ``monitor.orphan_cleanup_grace_s`` (G) after it saw
-the registration vanish. That happens no earlier than t0 + lease_ttl_s when the lease expires, but
-it can happen right after t0 when the lease is revoked, so the TTL is no credit to count on. The
-sidecar fences ``etcd.fence_after_s`` (F) after t0, noticed up to one ``keepalive_interval_s`` (k)
-late, and fencing itself plus clock-rate differences take up to ``etcd.fence_margin_s`` (M). Hence
-F + k + M <= G. Fencing before t0 + lease_ttl_s is never needed for safety, as nobody may take
-the bundles while the lease can still be alive, so F >= lease_ttl_s keeps etcd blips shorter than
-the TTL from closing every bundle.
+The fencing rules carry the safety argument of DESIGN §8 ("at no instant do two brokers serve
+the same bundle"), docs/safety.md gives it whole. A sidecar grants its broker's serving lease (L,
+``broker.serving_lease_s``) on one of two grounds: its etcd lease, renewed less than
+``etcd.fence_after_s`` (F) ago, counted from the send time t0 of the last renewal that succeeded;
+or the channel, read through by a barrier begun less than ``etcd.channel_fence_after_s`` (Fc)
+ago. The leader announces a move off a gone broker ``monitor.orphan_cleanup_grace_s`` (G) after
+it saw the registration vanish, which can be right after t0 (a revoked lease: the TTL is no
+credit to count on), and hands the bundle over the hand-over wait D = Fc + L + M later (M,
+``etcd.fence_margin_s``, pays for the grant's way to the broker and clock-rate differences). A
+lease granted on the channel ground ends by then; one granted on the lease ground ends before
+t0 + F + L + M, hence F + L + M <= G + D. Fencing before t0 + lease_ttl_s is never needed for
+safety, as nobody may take the bundles while the lease can still be alive, so F >= lease_ttl_s
+keeps etcd blips shorter than the TTL from closing every bundle.
 """
 
 from __future__ import annotations
@@ -84,29 +87,29 @@ def _fence_after_ttl(s: Settings) -> str | None:
     )
 
 
-def _fence_before_cleanup(s: Settings) -> str | None:
-    f, k, m = s.etcd.fence_after_s, s.etcd.keepalive_interval_s, s.etcd.fence_margin_s
-    grace = s.monitor.orphan_cleanup_grace_s
-    if f + k + m <= grace:
-        return None
-    return (
-        f"etcd.fence_after_s + etcd.keepalive_interval_s + etcd.fence_margin_s must be <= "
-        f"monitor.orphan_cleanup_grace_s ({_n(f)} + {_n(k)} + {_n(m)} = {_n(f + k + m)} > "
-        f"{_n(grace)}): a sidecar cut off from etcd must have closed its bundles before the "
-        "leader may hand them to another broker"
-    )
-
-
-def _lease_before_cleanup(s: Settings) -> str | None:
+def _lease_ground_before_handover(s: Settings) -> str | None:
     f, lease, m = s.etcd.fence_after_s, s.broker.serving_lease_s, s.etcd.fence_margin_s
-    grace = s.monitor.orphan_cleanup_grace_s
-    if f + lease + m <= grace:
+    grace, fc = s.monitor.orphan_cleanup_grace_s, s.etcd.channel_fence_after_s
+    wait = fc + lease + m
+    if f + lease + m <= grace + wait:
         return None
     return (
         f"etcd.fence_after_s + broker.serving_lease_s + etcd.fence_margin_s must be <= "
-        f"monitor.orphan_cleanup_grace_s ({_n(f)} + {_n(lease)} + {_n(m)} = "
-        f"{_n(f + lease + m)} > {_n(grace)}): the last lease a cut-off sidecar granted must have "
-        "run out before the leader may hand its broker's bundles to another"
+        f"monitor.orphan_cleanup_grace_s + the hand-over wait (etcd.channel_fence_after_s + "
+        f"broker.serving_lease_s + etcd.fence_margin_s), that is fence_after_s <= "
+        f"orphan_cleanup_grace_s + channel_fence_after_s ({_n(f)} > {_n(grace)} + {_n(fc)}): "
+        "the last lease a sidecar cut off from etcd granted must have run out before the "
+        "leader may hand its broker's bundles to another"
+    )
+
+
+def _channel_window_vs_check(s: Settings) -> str | None:
+    fc, check = s.etcd.channel_fence_after_s, s.etcd.fence_check_interval_s
+    if fc > 2 * check:
+        return None
+    return (
+        f"must be > 2 x etcd.fence_check_interval_s = {_n(2 * check)} (got {_n(fc)}): a read "
+        "barrier runs every check interval, and one late barrier must not fence the broker"
     )
 
 
@@ -307,20 +310,15 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         (
             "etcd.fence_after_s",
-            "etcd.keepalive_interval_s",
+            "broker.serving_lease_s",
             "etcd.fence_margin_s",
             "monitor.orphan_cleanup_grace_s",
+            "etcd.channel_fence_after_s",
         ),
-        _fence_before_cleanup,
+        _lease_ground_before_handover,
     ),
     Invariant(
-        (
-            "broker.serving_lease_s",
-            "etcd.fence_after_s",
-            "etcd.fence_margin_s",
-            "monitor.orphan_cleanup_grace_s",
-        ),
-        _lease_before_cleanup,
+        ("etcd.channel_fence_after_s", "etcd.fence_check_interval_s"), _channel_window_vs_check
     ),
     Invariant(
         (

@@ -228,14 +228,14 @@ class EtcdSettings(Section):
 
     endpoints: UrlList = Field(default_factory=lambda: ["http://127.0.0.1:2379"])
     """etcd client URLs; the client fails over between them. The default is a local etcd."""
-    lease_ttl_s: int = Field(default=15, ge=2)
+    lease_ttl_s: int = Field(default=3, ge=2)
     """TTL of the lease that holds this broker's registration, in whole seconds (etcd leases
     are). Longer rides out etcd hiccups; shorter notices dead brokers sooner. etcd raises TTLs
     below its own minimum (about 2 s), hence the lower bound."""
-    keepalive_interval_s: Seconds = 4.0
+    keepalive_interval_s: Seconds = 0.8
     """How often the lease is renewed. Must be below lease_ttl_s / 3 so that two renewals in a
     row can fail before the lease is lost."""
-    request_timeout_s: Seconds = 5.0
+    request_timeout_s: Seconds = 1.0
     """Deadline of one etcd request. keepalive_interval_s + 2 x request_timeout_s must fit in
     lease_ttl_s: a renewal that hangs to its deadline still leaves time for one more try."""
     session_expired_policy: Literal["reconnect", "shutdown"] = "reconnect"
@@ -245,20 +245,22 @@ class EtcdSettings(Section):
     reconnect_retries: int = Field(default=3, ge=0)
     """With session_expired_policy = "shutdown": attempts to re-register before exiting.
     "reconnect" retries for as long as it takes."""
-    fence_after_s: Seconds = 30.0
-    """Self-fencing: after this long without a successful lease renewal (counted from the send
-    time of the last renewal that succeeded) the sidecar closes all its bundles and stops
-    naming itself owner. Must be >= lease_ttl_s (fencing while the lease may still live buys
-    no safety and turns every etcd blip into an outage) and, with keepalive_interval_s and
-    fence_margin_s, fit in monitor.orphan_cleanup_grace_s (see fence_margin_s)."""
-    fence_margin_s: float = Field(default=5.0, ge=1.0)
-    """Safety margin of the fencing rule fence_after_s + keepalive_interval_s + fence_margin_s
-    <= monitor.orphan_cleanup_grace_s. The leader may reassign a broker's bundles
-    orphan_cleanup_grace_s after its registration vanished, which can be right after its last
-    successful renewal (a revoked lease), so the sidecar must have fenced by then: it notices
-    the missed deadline up to one keepalive interval late, and the margin pays for closing the
-    bundles on the broker and for clock-rate differences between hosts."""
-    fence_check_interval_s: Seconds = 1.0
+    fence_after_s: Seconds = 3.0
+    """Self-fencing, the lease ground: the sidecar vouches for its broker (grants its serving
+    lease) on its etcd lease until this long after the send time of the last renewal that
+    succeeded. Must be >= lease_ttl_s (fencing while the lease may still live buys no safety
+    and turns every etcd blip into an outage) and fit, with broker.serving_lease_s and
+    fence_margin_s, in monitor.orphan_cleanup_grace_s plus the hand-over wait (docs/safety.md)."""
+    channel_fence_after_s: Seconds = 1.5
+    """Self-fencing, the channel ground: the sidecar vouches on the channel until this long
+    after the start of its last completed read barrier. The leader's hand-over wait is this
+    plus broker.serving_lease_s plus fence_margin_s, so shorter hands a dead broker's bundles
+    over sooner; longer rides out slower channel reads during an etcd outage. Above twice
+    fence_check_interval_s, so a barrier can be missed."""
+    fence_margin_s: float = Field(default=1.0, ge=1.0)
+    """Added to every wait for a lease granted to the broker to run out: the time the grant
+    takes to reach it and clock-rate differences between hosts."""
+    fence_check_interval_s: Seconds = 0.25
     """How often the sidecar runs a channel read barrier, and how often a fenced sidecar looks
     whether it may unfence (a vouching sidecar checks its grounds the moment the first of them
     would lapse). At most keepalive_interval_s, so that a barrier comes at least as often as a
@@ -462,24 +464,24 @@ class BrokerSettings(Section):
     auto_ack: bool = False
     """Acknowledge Own/Release/Close on the broker's behalf when no broker is attached. Only for
     demos and benchmarks: with it, ownership no longer proves that a broker serves the bundle."""
-    own_ack_timeout_s: Seconds = 10.0
+    own_ack_timeout_s: Seconds = 3.0
     """How long an Assigning bundle waits for the broker's acknowledgement of Own before the
     sidecar leaves it Assigning and tries again later. Below monitor.inflight_timeout_s, so the
     sidecar gets an answer before the leader treats the assignment as stuck."""
-    serving_lease_s: Seconds = 10.0
+    serving_lease_s: Seconds = 2.0
     """The broker's serving lease (docs/broker-contract.md): the broker serves only while it
     holds one, counted from when it asked, and asks again every quarter of it. The sidecar grants
-    it only while it can vouch for the broker's ownership (its own etcd lease renewed less than
-    etcd.fence_after_s ago), so a paused or cut-off sidecar's broker stops by itself.
-    etcd.fence_after_s + serving_lease_s + etcd.fence_margin_s must fit in
-    monitor.orphan_cleanup_grace_s: the broker has stopped before its bundles may go elsewhere.
-    Shorter stops a cut-off broker sooner; longer rides out longer pauses of the sidecar."""
-    silence_timeout_s: Seconds = 30.0
+    it only while it can vouch for the broker's ownership (etcd.fence_after_s,
+    etcd.channel_fence_after_s), so a paused or cut-off sidecar's broker stops by itself. Part
+    of the leader's hand-over wait for a gone broker's bundles (docs/safety.md): shorter stops
+    a cut-off broker and hands its bundles over sooner; longer rides out longer pauses of the
+    sidecar."""
+    silence_timeout_s: Seconds = 6.0
     """An attached broker that sends nothing (no load report, no lease request, no ack) for this
     long is deregistered, so that its bundles follow the orphan path, and its last load report is
     no longer published as fresh. Above serving_lease_s: a live broker asks for its lease every
     quarter of it."""
-    release_ack_timeout_s: Seconds = 10.0
+    release_ack_timeout_s: Seconds = 3.0
     """How long a Releasing bundle waits for the broker's acknowledgement before moving on
     anyway (counted in a metric). Below monitor.inflight_timeout_s, so the sidecar settles its
     own transfers before the leader treats them as stuck."""
@@ -738,10 +740,11 @@ class MonitorSettings(Section):
     """Free and Deleted states older than this are tombstoned. Kept that long so a bundle just
     deleted by a split does not look free to reassign (Pulsar's minimum is 30 s). Must exceed
     inflight_timeout_s."""
-    orphan_cleanup_grace_s: Seconds = 60.0
+    orphan_cleanup_grace_s: Seconds = 1.5
     """A broker whose registration vanished has its bundles reassigned only after staying away
-    this long; re-registering cancels the cleanup. Must leave room for self-fencing (see
-    etcd.fence_margin_s)."""
+    this long; re-registering cancels the cleanup. With the hand-over wait it must cover the
+    lease ground of self-fencing: etcd.fence_after_s + broker.serving_lease_s +
+    etcd.fence_margin_s <= this + the hand-over wait (docs/safety.md)."""
 
     def to_core(self) -> MonitorConfig:
         """The monitor's knobs."""
@@ -1002,6 +1005,7 @@ class Settings(BaseModel):
                 release_ack_timeout_s=self.broker.release_ack_timeout_s,
                 settle_timeout_s=self.assignment.settle_timeout_s,
                 fence_after_s=self.etcd.fence_after_s,
+                channel_fence_after_s=self.etcd.channel_fence_after_s,
                 fence_check_interval_s=self.etcd.fence_check_interval_s,
                 retry_s=self.etcd.retry_s,
                 serving_lease_s=self.broker.serving_lease_s,

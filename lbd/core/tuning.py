@@ -188,7 +188,7 @@ class MonitorConfig:
     """An in-flight state older than this is stuck and gets fixed."""
     tombstone_after_s: float = 3600.0
     """Free and Deleted values older than this are tombstoned."""
-    orphan_cleanup_grace_s: float = 60.0
+    orphan_cleanup_grace_s: float = 1.5
     """A broker away this long has its bundles announced as moving (``Releasing`` from it)."""
 
 
@@ -249,30 +249,34 @@ class SidecarTimings:
     """How long a sidecar waits for each thing, in seconds. Each is a setting; the settings layer
     checks the invariants that tie them together (:mod:`lbd.config.invariants`)."""
 
-    own_ack_timeout_s: float = 10.0
+    own_ack_timeout_s: float = 3.0
     """The broker's acknowledgement of Own (``broker.own_ack_timeout_s``)."""
-    release_ack_timeout_s: float = 10.0
+    release_ack_timeout_s: float = 3.0
     """The broker's acknowledgement of Release (``broker.release_ack_timeout_s``)."""
     settle_timeout_s: float = 30.0
     """A lookup or an operation waiting for its bundle to settle
     (``assignment.settle_timeout_s``)."""
-    fence_after_s: float = 30.0
-    """Unrenewed lease time after which the sidecar fences itself (``etcd.fence_after_s``)."""
-    fence_check_interval_s: float = 1.0
+    fence_after_s: float = 3.0
+    """How long the sidecar vouches on its etcd lease after its last renewal
+    (``etcd.fence_after_s``)."""
+    channel_fence_after_s: float = 1.5
+    """How long it vouches on the channel after the start of its last read barrier
+    (``etcd.channel_fence_after_s``)."""
+    fence_check_interval_s: float = 0.25
     """How often the read barrier runs, and a fenced sidecar looks whether it may unfence
     (``etcd.fence_check_interval_s``)."""
     retry_s: float = 1.0
     """Pause before retrying a write that met an outage (``etcd.retry_s``)."""
-    serving_lease_s: float = 10.0
+    serving_lease_s: float = 2.0
     """The broker's serving lease (``broker.serving_lease_s``)."""
-    lease_margin_s: float = 5.0
+    lease_margin_s: float = 1.0
     """Added to every wait for a granted lease to run out (``etcd.fence_margin_s``)."""
     startup_timeout_s: float = 6.0
     """Start-up gives up after this, naming the step (``cluster.startup_timeout_s``); reading
     the channel, after this without a new message."""
     publish_timeout_s: float = 2.0
     """A channel write not taken within this fails as unavailable (``pulsar.publish_timeout_s``)."""
-    silence_timeout_s: float = 30.0
+    silence_timeout_s: float = 6.0
     """An attached broker silent this long is deregistered (``broker.silence_timeout_s``)."""
 
     def __post_init__(self) -> None:
@@ -288,12 +292,12 @@ class SidecarTimings:
     def handover_wait_s(self) -> float:
         """How long the leader waits, after it saw a move off a gone broker announced
         (``Releasing`` from it), before it tells the new broker: the owner's sidecar stops
-        vouching ``fence_after_s`` after its last read barrier, the last lease it granted runs
-        out ``serving_lease_s`` (plus ``lease_margin_s``) later, and a release it saw may wait
-        behind one own step of the same bundle (``own_ack_timeout_s``). docs/safety.md."""
-        return (
-            self.fence_after_s + self.serving_lease_s + self.lease_margin_s + self.own_ack_timeout_s
-        )
+        vouching on the channel ``channel_fence_after_s`` after its last read barrier, and the
+        last lease it granted runs out ``serving_lease_s`` (plus ``lease_margin_s``) later. A
+        sidecar that read the announcement grants nothing more until its Release is sent, and
+        the broker stops serving the bundle when the Release arrives; the lease ground is paid
+        for by the orphan grace (docs/safety.md)."""
+        return self.channel_fence_after_s + self.serving_lease_s + self.lease_margin_s
 
 
 @dataclass(frozen=True, slots=True)

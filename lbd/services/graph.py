@@ -303,6 +303,7 @@ def build_sidecar(
         follower,
         registration,
         fence_after_s=timings.fence_after_s,
+        channel_fence_after_s=timings.channel_fence_after_s,
         check_interval_s=timings.fence_check_interval_s,
         metrics=metrics,
     )

@@ -91,28 +91,18 @@ _HELD = (
 """Faults that hold for a while (the others happen at one instant)."""
 _CLUSTER_WIDE = ("etcd-down", "channel-down")
 
-TIMINGS = SidecarTimings(
-    own_ack_timeout_s=3.0,
-    release_ack_timeout_s=3.0,
-    settle_timeout_s=10.0,
-    fence_after_s=6.0,
-    fence_check_interval_s=3.0,
-    retry_s=1.0,
-    serving_lease_s=8.0,
-    lease_margin_s=2.0,
-    silence_timeout_s=12.0,
-)
-"""Between the dev cluster's short timings and the defaults (about a third of them): ten
-virtual minutes see many leases and graces lapse."""
-LEASE_TTL_S = 9
-KEEPALIVE_S = 3.0
+TIMINGS = SidecarTimings(settle_timeout_s=10.0)
+"""The defaults (``lbd.config``'s, the same as :class:`SidecarTimings`'), but a shorter settle
+timeout for lookups: ten virtual minutes see many leases, graces and hand-overs lapse."""
+LEASE_TTL_S = 3
+KEEPALIVE_S = 0.8
 CONFIG = SidecarConfig(
     timings=TIMINGS,
     monitor=MonitorConfig(
         interval_s=3.0,
         inflight_timeout_s=16.0,
         tombstone_after_s=3600.0,
-        orphan_cleanup_grace_s=16.0,
+        orphan_cleanup_grace_s=1.5,
     ),
     shedding=SheddingConfig(
         target_std=0.04,
@@ -133,7 +123,7 @@ REPORT_S = 10.0
 """A broker reports its load this often (well within the sidecar's ``silence_timeout_s``)."""
 MAX_DRIFT = 0.01
 """Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,
-``lease_margin_s``, covers far more: 2 s on an 8 s lease)."""
+``lease_margin_s``, covers far more: 1 s on a 2 s lease)."""
 MAX_BROKERS = 5
 """Brokers that join take the ids ``broker-1`` .. ``broker-5`` not in use."""
 MIN_BROKERS = 3

@@ -25,6 +25,7 @@ import pytest
 
 from lbd.broker.credentials import ClientCredentials
 from lbd.cli.dev import env_lines
+from lbd.config import load_settings
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
@@ -218,11 +219,10 @@ def dev_seconds(*keys: str) -> float:
     return sum(float(DEV_SETTINGS[key]) for key in keys)
 
 
-HANDOVER_S = dev_seconds(
-    "etcd.fence_after_s",
-    "broker.serving_lease_s",
-    "etcd.fence_margin_s",
-    "broker.own_ack_timeout_s",
+HANDOVER_S = (
+    load_settings(None, env={}, overrides=dict(DEV_SETTINGS))
+    .sidecar_config()
+    .timings.handover_wait_s
 )
 """The leader's hand-over wait after it announced a move off a gone broker (docs/safety.md)."""
 ORPHAN_BOUND_S = dev_seconds("etcd.lease_ttl_s", "monitor.orphan_cleanup_grace_s") + HANDOVER_S

@@ -229,38 +229,41 @@ def test_cluster_name_sets_the_default_prefix_unless_one_is_given(tmp_path: Path
 INVARIANT_CASES = [
     (
         "[etcd]\nlease_ttl_s = 9\nkeepalive_interval_s = 3\nrequest_timeout_s = 1\n"
-        "fence_after_s = 10",
+        "fence_after_s = 10\n[monitor]\norphan_cleanup_grace_s = 9",
         "etcd.keepalive_interval_s: must be < etcd.lease_ttl_s / 3 = 3 (got 3)",
     ),
     (
-        "[etcd]\nrequest_timeout_s = 6",
+        "[etcd]\nrequest_timeout_s = 1.2",
         "etcd.request_timeout_s: etcd.keepalive_interval_s + 2 x etcd.request_timeout_s must be "
-        "<= etcd.lease_ttl_s (4 + 2 x 6 = 16 > 15)",
-    ),
-    ("[etcd]\nfence_after_s = 14", "etcd.fence_after_s: must be >= etcd.lease_ttl_s = 15 (got 14)"),
-    (
-        "[broker]\nserving_lease_s = 1\n[monitor]\norphan_cleanup_grace_s = 38.5",
-        "etcd.fence_after_s: etcd.fence_after_s + etcd.keepalive_interval_s + "
-        "etcd.fence_margin_s must be <= monitor.orphan_cleanup_grace_s "
-        "(30 + 4 + 5 = 39 > 38.5)",
+        "<= etcd.lease_ttl_s (0.8 + 2 x 1.2 = 3.2 > 3)",
     ),
     (
-        "[monitor]\norphan_cleanup_grace_s = 44",
-        "broker.serving_lease_s: etcd.fence_after_s + broker.serving_lease_s + "
-        "etcd.fence_margin_s must be <= monitor.orphan_cleanup_grace_s (30 + 10 + 5 = 45 > 44)",
+        "[etcd]\nfence_after_s = 2.5",
+        "etcd.fence_after_s: must be >= etcd.lease_ttl_s = 3 (got 2.5)",
     ),
     (
-        "[broker]\nrelease_ack_timeout_s = 15",
+        "[monitor]\norphan_cleanup_grace_s = 1",
+        "etcd.fence_after_s: etcd.fence_after_s + broker.serving_lease_s + etcd.fence_margin_s "
+        "must be <= monitor.orphan_cleanup_grace_s + the hand-over wait "
+        "(etcd.channel_fence_after_s + broker.serving_lease_s + etcd.fence_margin_s), that is "
+        "fence_after_s <= orphan_cleanup_grace_s + channel_fence_after_s (3 > 1 + 1.5)",
+    ),
+    (
+        "[etcd]\nchannel_fence_after_s = 1.5\nfence_check_interval_s = 0.75",
+        "etcd.channel_fence_after_s: must be > 2 x etcd.fence_check_interval_s = 1.5 (got 1.5)",
+    ),
+    (
+        "[broker]\nrelease_ack_timeout_s = 27",
         "broker.release_ack_timeout_s: broker.release_ack_timeout_s + broker.serving_lease_s + "
-        "etcd.fence_margin_s must be < monitor.inflight_timeout_s (15 + 10 + 5 = 30 >= 30)",
+        "etcd.fence_margin_s must be < monitor.inflight_timeout_s (27 + 2 + 1 = 30 >= 30)",
     ),
     (
         "[broker]\nown_ack_timeout_s = 30\n[assignment]\nsettle_timeout_s = 31",
         "broker.own_ack_timeout_s: must be < monitor.inflight_timeout_s = 30 (got 30)",
     ),
     (
-        "[front]\ndrain_timeout_s = 10",
-        "front.drain_timeout_s: must be < broker.release_ack_timeout_s = 10 (got 10)",
+        "[front]\ndrain_timeout_s = 3",
+        "front.drain_timeout_s: must be < broker.release_ack_timeout_s = 3 (got 3)",
     ),
     (
         "[front]\nlookup_hold_s = 30",
@@ -268,21 +271,21 @@ INVARIANT_CASES = [
         "(got 30)",
     ),
     (
-        "[assignment]\nsettle_timeout_s = 10",
-        "assignment.settle_timeout_s: must be > broker.own_ack_timeout_s = 10 (got 10)",
+        "[assignment]\nsettle_timeout_s = 3",
+        "assignment.settle_timeout_s: must be > broker.own_ack_timeout_s = 3 (got 3)",
     ),
     (
-        "[etcd]\nfence_check_interval_s = 4.5",
-        "etcd.fence_check_interval_s: must be <= etcd.keepalive_interval_s = 4 (got 4.5)",
+        "[etcd]\nfence_check_interval_s = 0.9\nchannel_fence_after_s = 2",
+        "etcd.fence_check_interval_s: must be <= etcd.keepalive_interval_s = 0.8 (got 0.9)",
     ),
-    ("[etcd]\nretry_s = 15", "etcd.retry_s: must be < etcd.lease_ttl_s = 15 (got 15)"),
+    ("[etcd]\nretry_s = 3", "etcd.retry_s: must be < etcd.lease_ttl_s = 3 (got 3)"),
     (
         "[pulsar]\npublish_timeout_s = 30",
         "pulsar.publish_timeout_s: must be < assignment.settle_timeout_s = 30 (got 30)",
     ),
     (
-        "[broker]\nsilence_timeout_s = 10",
-        "broker.silence_timeout_s: must be > broker.serving_lease_s = 10 (got 10)",
+        "[broker]\nsilence_timeout_s = 2",
+        "broker.silence_timeout_s: must be > broker.serving_lease_s = 2 (got 2)",
     ),
     (
         "[monitor]\ninflight_timeout_s = 40\ntombstone_after_s = 40",
@@ -329,16 +332,14 @@ def test_every_invariant_has_a_case() -> None:
 
 
 def test_fencing_rule_allows_the_exact_bound(tmp_path: Path) -> None:
-    path = write(
-        tmp_path, "[broker]\nserving_lease_s = 4\n[monitor]\norphan_cleanup_grace_s = 39\n"
-    )
-    assert load_settings(path, env={}).monitor.orphan_cleanup_grace_s == 39
+    path = write(tmp_path, "[etcd]\nfence_after_s = 4\n[monitor]\norphan_cleanup_grace_s = 2.5\n")
+    assert load_settings(path, env={}).monitor.orphan_cleanup_grace_s == 2.5
 
 
 def test_settings_built_in_code_are_checked_too() -> None:
     expected = "etcd.fence_after_s: must be >= etcd.lease_ttl_s"
     with pytest.raises(ValidationError, match=re.escape(expected)):
-        Settings(etcd=EtcdSettings(fence_after_s=10))
+        Settings(etcd=EtcdSettings(fence_after_s=2.5))
 
 
 def test_all_problems_are_reported_together(tmp_path: Path) -> None:
@@ -365,11 +366,11 @@ def test_all_problems_are_reported_together(tmp_path: Path) -> None:
 
 
 def test_invariant_is_blamed_on_where_its_keys_were_set(tmp_path: Path) -> None:
-    path = write(tmp_path, "[etcd]\nlease_ttl_s = 15\n")
-    problems = problems_of(path, env={"LBD_ETCD__KEEPALIVE_INTERVAL_S": "5"})
+    path = write(tmp_path, "[etcd]\nlease_ttl_s = 3\n")
+    problems = problems_of(path, env={"LBD_ETCD__KEEPALIVE_INTERVAL_S": "1"})
     assert problems == [
         "env LBD_ETCD__KEEPALIVE_INTERVAL_S: etcd.keepalive_interval_s: must be < "
-        "etcd.lease_ttl_s / 3 = 5 (got 5): the lease must survive two failed renewals in a row"
+        "etcd.lease_ttl_s / 3 = 1 (got 1): the lease must survive two failed renewals in a row"
     ]
 
 
@@ -377,14 +378,16 @@ def test_invariant_is_blamed_on_where_its_keys_were_set(tmp_path: Path) -> None:
 
 
 def test_env_overrides_file_including_short_aliases(tmp_path: Path) -> None:
-    path = write(tmp_path, '[etcd]\nlease_ttl_s = 20\n[pulsar]\nservice_url = "pulsar://f:1"\n')
+    path = write(
+        tmp_path, '[etcd]\nreconnect_retries = 20\n[pulsar]\nservice_url = "pulsar://f:1"\n'
+    )
     settings = load_settings(
         path,
         env={
             "LBD_PULSAR_URL": "pulsar://env:6650",
             "LBD_ETCD_ENDPOINTS": "http://a:2379, http://b:2379",
             "LBD_CLUSTER": "prod",
-            "LBD_ETCD__LEASE_TTL_S": "30",
+            "LBD_ETCD__RECONNECT_RETRIES": "30",
             "LBD_BROKER__AUTO_ACK": "true",
             "LBD_LOGGING__JSON": "1",
             "LBD_GRPC__ADMIN_TOKEN": "s3cret",
@@ -396,7 +399,7 @@ def test_env_overrides_file_including_short_aliases(tmp_path: Path) -> None:
     assert settings.etcd.endpoints == ["http://a:2379", "http://b:2379"]
     assert settings.cluster.name == "prod"
     assert settings.cluster.etcd_prefix == "/lbd/prod"
-    assert settings.etcd.lease_ttl_s == 30
+    assert settings.etcd.reconnect_retries == 30
     assert settings.broker.auto_ack is True
     assert settings.logging.json_lines is True
     assert settings.grpc.admin_token is not None
@@ -456,7 +459,7 @@ def test_bad_override_is_blamed_on_the_command_line() -> None:
 def test_cluster_flags(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_cluster_flags(parser)
-    path = write(tmp_path, '[cluster]\nname = "file"\n[etcd]\nlease_ttl_s = 21\n')
+    path = write(tmp_path, '[cluster]\nname = "file"\n[etcd]\nreconnect_retries = 21\n')
     args = parser.parse_args(
         [
             "--config",
@@ -475,7 +478,7 @@ def test_cluster_flags(tmp_path: Path) -> None:
     assert settings.cluster.name == "flag"
     assert settings.pulsar.service_url == "pulsar://flag:1"
     assert settings.etcd.endpoints == ["http://x:1", "http://y:2"]
-    assert settings.etcd.lease_ttl_s == 21
+    assert settings.etcd.reconnect_retries == 21
     assert settings.broker.broker_id == "b-1"
     assert settings.grpc.addr == "127.0.0.1:7000"
     unset = settings_from_args(parser.parse_args([]), env={})
@@ -532,8 +535,8 @@ def test_cli_validate_never_shows_a_traceback(
 def test_cli_validate_ignores_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LBD_ETCD__LEASE_TTL_S", "-5")
-    path = write(tmp_path, "[etcd]\nlease_ttl_s = 20\n")
+    monkeypatch.setenv("LBD_ETCD__RECONNECT_RETRIES", "-5")
+    path = write(tmp_path, "[etcd]\nreconnect_retries = 20\n")
     assert main(["config", "validate", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: OK\n"
 
@@ -548,17 +551,17 @@ def test_cli_show_prints_effective_settings_with_secrets_masked(
 ) -> None:
     monkeypatch.setenv("LBD_GRPC__ADMIN_TOKEN", "s3cret")
     monkeypatch.setenv("LBD_CLUSTER", "env")
-    path = write(tmp_path, "[etcd]\nlease_ttl_s = 21\n")
+    path = write(tmp_path, "[etcd]\nreconnect_retries = 21\n")
     assert main(["config", "show", "--config", str(path), "--cluster", "flag"]) == 0
     out = capsys.readouterr().out
     assert "s3cret" not in out
     assert 'admin_token = "********"' in out
     assert 'name = "flag"' in out
     assert 'etcd_prefix = "/lbd/flag"' in out
-    assert "lease_ttl_s = 21" in out
+    assert "reconnect_retries = 21" in out
     # What show prints, minus the masked secret, is itself a valid settings file.
     shown = write(tmp_path, out.replace('"********"', '""'), "shown.toml")
-    assert load_settings(shown, env={}).etcd.lease_ttl_s == 21
+    assert load_settings(shown, env={}).etcd.reconnect_retries == 21
 
 
 def test_every_section_model_forbids_unknown_keys() -> None:

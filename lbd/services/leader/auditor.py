@@ -9,8 +9,8 @@ monitor could act (its election, or the end of safe mode). Findings are the gaug
 ``lbd_audit_findings{kind}`` and ``lbd ctl audit``, which prints each with what to do.
 
 Notation: G = ``monitor.orphan_cleanup_grace_s``, I = ``monitor.inflight_timeout_s``, D = the
-hand-over wait (``etcd.fence_after_s + broker.serving_lease_s + etcd.fence_margin_s +
-broker.own_ack_timeout_s``), S = the slack.
+hand-over wait (``etcd.channel_fence_after_s + broker.serving_lease_s +
+etcd.fence_margin_s``), S = the slack.
 
 ``stale_owner``: a bundle Owned by a broker missing from the registry for more than G + S.
     The monitor announces a gone broker's bundles (a forced ``Releasing``) G after it left, so

@@ -17,6 +17,7 @@ import asyncio
 import enum
 import itertools
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -148,6 +149,8 @@ class BrokerLink:
         self._clock = clock
         self._session: _Session | None = None
         self._served: set[BundleId] = set()
+        self._owning: Counter[BundleId] = Counter()
+        """Bundles with an Own under way (sent or about to be, not answered yet)."""
         self._command_ids = itertools.count(1)
         self._subscribers: set[asyncio.Queue[LinkEvent]] = set()
         self._fenced = False
@@ -187,6 +190,13 @@ class BrokerLink:
         """The bundles the broker acknowledged owning and was not told to give up since."""
         return frozenset(self._served)
 
+    def possibly_served(self) -> frozenset[BundleId]:
+        """The bundles the broker serves or may serve once what was sent reaches it: those it
+        acknowledged an Own for and those with an Own under way, until a Release or Close of
+        them is sent (the broker stops serving a bundle when that arrives, before any lease
+        granted after it: docs/safety.md)."""
+        return frozenset(self._served.union(self._owning))
+
     def serves(self, bundle: BundleId) -> bool:
         """Whether ``bundle`` is one of :meth:`served` (without copying them all)."""
         return bundle in self._served
@@ -207,6 +217,15 @@ class BrokerLink:
             return False
         if bundle in self._served:
             return True
+        self._owning[bundle] += 1
+        try:
+            return await self._own(bundle)
+        finally:
+            self._owning[bundle] -= 1
+            if not self._owning[bundle]:
+                del self._owning[bundle]
+
+    async def _own(self, bundle: BundleId) -> bool:
         lapses, session = self._lapses_seen, self._session
         ack = await self._own_ack(bundle, session)
         if ack is None:
@@ -271,14 +290,22 @@ class BrokerLink:
         True once acknowledged; False on refusal, ack timeout or no broker. Either way the
         bundle no longer counts as served: the protocol moves on after the timeout.
         """
-        ack = await self._command(ReleaseCommand(bundle, new_owner), self._release_ack_timeout_s)
+        ack = await self._command(
+            ReleaseCommand(bundle, new_owner),
+            self._release_ack_timeout_s,
+            sent=lambda: self._served.discard(bundle),
+        )
         self._served.discard(bundle)
         return ack is not None and ack.ok
 
     async def close_bundle(self, bundle: BundleId, reason: str) -> None:
         """Tell the broker to stop serving ``bundle`` now (the ack is awaited, not required)."""
+        ack = await self._command(
+            CloseCommand(bundle, reason),
+            self._release_ack_timeout_s,
+            sent=lambda: self._served.discard(bundle),
+        )
         self._served.discard(bundle)
-        ack = await self._command(CloseCommand(bundle, reason), self._release_ack_timeout_s)
         if ack is not None and not ack.ok:
             _log.warning("broker %s did not close %s: %s", self._me, bundle, ack.error)
 
@@ -339,9 +366,12 @@ class BrokerLink:
         self._granted_until = now + duration_ms / 1000
         session.outbox.put_nowait(SidecarMessage(0, ServingLease(request.sequence, duration_ms)))
 
-    async def _command(self, command: Command, timeout_s: float) -> CommandAck | None:
+    async def _command(
+        self, command: Command, timeout_s: float, *, sent: Callable[[], None] | None = None
+    ) -> CommandAck | None:
         """Send ``command`` once it has a slot (:data:`COMMANDS_IN_FLIGHT`) and wait at most
-        ``timeout_s`` for its ack; None when there was nobody to send it to."""
+        ``timeout_s`` for its ack; None when there was nobody to send it to. ``sent`` is called
+        the moment it is in the session's ordered stream."""
         session = self._session
         if session is None:
             if self._auto_ack:
@@ -355,6 +385,8 @@ class BrokerLink:
             future: asyncio.Future[CommandAck] = asyncio.get_running_loop().create_future()
             session.pending[command_id] = future
             session.outbox.put_nowait(SidecarMessage(command_id, command))
+            if sent is not None:
+                sent()
             try:
                 return await within(self._clock, timeout_s, future, f"ack of {command}")
             except DeadlineError as e:

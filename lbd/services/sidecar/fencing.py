@@ -9,16 +9,23 @@ It may vouch (grant the broker's serving lease) while either holds:
   broker), and the leader moves nothing of a registered broker's without this sidecar's own
   channel writes; what it announced while the broker was not registered, the read shows;
 - **the channel read barrier**: a read barrier on the channel (everything the channel held then
-  is applied) began less than ``fence_after_s`` ago. Every move of this broker's bundles that its
-  sidecar does not make itself is announced on the channel (``Releasing(src=me)``) and takes
-  effect only after the leader's hand-over wait, longer than ``fence_after_s`` plus the serving
-  lease, so the sidecar has seen it, and released the bundle, before it counts.
+  is applied) began less than ``channel_fence_after_s`` ago. Every move of this broker's bundles
+  that its sidecar does not make itself is announced on the channel (``Releasing(src=me)``) and
+  takes effect only after the leader's hand-over wait, ``channel_fence_after_s`` plus the serving
+  lease and its margin, so the sidecar has seen it before the last lease it granted without
+  seeing it runs out.
+
+And in either case only while **the broker serves nothing the table moves away**: no bundle it
+serves or is being told to serve is given to another, or announced away from it by the leader
+(a forced ``Releasing``), without a Release or Close of it sent. The broker stops serving a
+bundle the moment such a command arrives, before any lease granted after it, so a grant
+withheld until then is all an announcement needs.
 
 So a cluster-wide etcd outage stops nothing (the channel still vouches), a Pulsar outage stops
 nothing (the lease still vouches), and a sidecar cut off from both, or paused, stops vouching
-within ``fence_after_s``: it tells its broker to close every bundle, and the broker's lease runs
-out on its own. When either holds again it unfences; the ownership reactor then re-owns what the
-table still says is this broker's.
+within ``fence_after_s`` (``channel_fence_after_s`` for the channel): it tells its broker to
+close every bundle, and the broker's lease runs out on its own. When either holds again it
+unfences; the ownership reactor then re-owns what the table still says is this broker's.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from lbd.core.state import server_of
+from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
@@ -44,6 +51,14 @@ _MIN_CHECK_GAP_S = 0.01
 """The shortest wait between two checks (a ground that ends this instant is checked now)."""
 
 
+def _announced_away(value: ServiceUnitStateData) -> bool:
+    """Whether ``value`` is the leader's announcement of a move off its server (a forced
+    ``Releasing``), which it hands over after its wait whatever the server's sidecar did. A
+    ``Releasing`` the sidecar wrote itself is handed over only by the sidecar, once the broker
+    acknowledged the Release or its lease ran out."""
+    return value.state is ServiceUnitState.Releasing and value.force
+
+
 class Fence:
     """Keeps the two grounds for vouching up to date and fences or unfences the broker link."""
 
@@ -56,13 +71,14 @@ class Fence:
         registration: BrokerRegistration,
         *,
         fence_after_s: float,
+        channel_fence_after_s: float,
         check_interval_s: float,
         metrics: Metrics,
     ) -> None:
-        if fence_after_s <= 0 or check_interval_s <= 0:
+        if min(fence_after_s, channel_fence_after_s, check_interval_s) <= 0:
             raise ValueError(
-                f"fence_after_s and check_interval_s must be > 0, got {fence_after_s} and "
-                f"{check_interval_s}"
+                f"fence_after_s, channel_fence_after_s and check_interval_s must be > 0, got "
+                f"{fence_after_s}, {channel_fence_after_s} and {check_interval_s}"
             )
         self._metadata = metadata
         self._link = link
@@ -70,6 +86,7 @@ class Fence:
         self._follower = follower
         self._registration = registration
         self._fence_after_s = fence_after_s
+        self._channel_fence_after_s = channel_fence_after_s
         self._check_interval_s = check_interval_s
         self._metrics = metrics
         self._fenced = False
@@ -86,7 +103,7 @@ class Fence:
     @property
     def readable_since(self) -> float | None:
         """Since when (clock-monotonic) the channel has been read through without a break: a
-        failed read barrier, or none completed for ``fence_after_s``, starts a new run. None
+        failed read barrier, or none completed for ``channel_fence_after_s``, starts a new run. None
         before :meth:`start`."""
         return self._readable_since
 
@@ -139,10 +156,12 @@ class Fence:
     def vouches(self) -> bool:
         """Whether the sidecar may vouch for its broker's ownership (grant its serving lease)
         now: not fenced, the metadata lease or the channel read barrier is recent enough, and
-        the broker serves nothing the table gives to another. An Own sent on a table read before
-        a pause (a split's retry, say) must not gain a lease: the reactor closes such a bundle,
+        the broker serves nothing the table moves away. An Own sent on a table read before a
+        pause (a split's retry, say) must not gain a lease: the reactor closes such a bundle,
         and the lease is granted again once it has (or, failing that, once the broker's lease
-        ran out and it forgot everything)."""
+        ran out and it forgot everything). Nor may a bundle announced away from it
+        (``Releasing(src=me)``) while its Release is not sent yet (it waits behind an Own of
+        the same bundle, say): the leader's hand-over wait does not wait for that."""
         return (
             not self._fenced
             and (self._lease_vouches() or self._channel_vouches())
@@ -150,12 +169,16 @@ class Fence:
         )
 
     def _serves_only_its_own(self) -> bool:
-        """Whether every bundle the broker serves names it server in the table (or is a child,
-        with no value yet, of a split of its own)."""
+        """Whether every bundle the broker may serve (:meth:`BrokerLink.possibly_served`) names
+        it server in the table and is not announced away from it (or is a child, with no value
+        yet, of a split of its own)."""
         table, me = self._follower.table, self._link.me
-        for bundle in self._link.served():
+        for bundle in self._link.possibly_served():
             value = table.get(bundle)
-            if server_of(value) == me or (value is None and table.splitting_into(me, bundle)):
+            if value is None:
+                if table.splitting_into(me, bundle):
+                    continue
+            elif server_of(value) == me and not _announced_away(value):
                 continue
             return False
         return True
@@ -175,7 +198,7 @@ class Fence:
 
     def _channel_vouches(self) -> bool:
         began = self._barrier_began
-        return began is not None and self._clock.monotonic() - began < self._fence_after_s
+        return began is not None and self._clock.monotonic() - began < self._channel_fence_after_s
 
     async def check(self) -> bool:
         """Look at both grounds now, fence or unfence; the new state."""
@@ -185,8 +208,10 @@ class Fence:
             self.fencings += 1
             self._metrics.fence_total.inc()
             reason = (
-                f"lease not renewed for {self._lease_stale_s():.1f}s and no channel read "
-                f"barrier for {self._barrier_age_s():.1f}s (fence_after_s {self._fence_after_s:g})"
+                f"lease not renewed for {self._lease_stale_s():.1f}s (fence_after_s "
+                f"{self._fence_after_s:g}) and no channel read barrier for "
+                f"{self._barrier_age_s():.1f}s (channel_fence_after_s "
+                f"{self._channel_fence_after_s:g})"
             )
             _log.error("fencing broker %s: %s; closing every bundle", self._link.me, reason)
             await self._link.fence(f"self-fencing: {reason}")
@@ -247,7 +272,7 @@ class Fence:
         if self._lease_vouches():
             ends.append(self._metadata.last_renewed_monotonic + self._fence_after_s)
         if self._channel_vouches() and self._barrier_began is not None:
-            ends.append(self._barrier_began + self._fence_after_s)
+            ends.append(self._barrier_began + self._channel_fence_after_s)
         if not ends:
             return self._check_interval_s
         return max(_MIN_CHECK_GAP_S, min(ends) - self._clock.monotonic())
@@ -273,7 +298,8 @@ class Fence:
             previous = self._barrier_began
             if self._barrier_failing:
                 _log.info("channel read barrier completed again")
-            if self._barrier_failing or previous is None or done - previous > self._fence_after_s:
+            stale = previous is None or done - previous > self._channel_fence_after_s
+            if self._barrier_failing or stale:
                 self._readable_since = done
             self._barrier_failing = False
             self._barrier_began = max(began, self._barrier_began or began)

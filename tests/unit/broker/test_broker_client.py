@@ -266,3 +266,38 @@ async def test_a_leave_is_sent_on_the_open_session_and_refused_without_one(
         await until(lambda: broker.connected)
         assert broker.leave("shutting down")
         assert (await session.next("leave")).leave.reason == "shutting down"
+
+
+async def test_a_release_or_close_stops_a_bundle_when_it_arrives_not_when_its_turn_comes(
+    sidecar: tuple[ScriptedSidecar, str], client: BrokerClient, handler: Recorder
+) -> None:
+    # The sidecar withholds lease grants until it has sent a Release the leader's hand-over
+    # counts on; a grant after it must find the bundle stopped, even while the broker is still
+    # busy with a command before it.
+    servicer, _ = sidecar
+    session = await servicer.next_session()
+    assert (await session.command(own(1, BUNDLE))).ok
+    await session.grant_next(LONG_MS)
+    await until(lambda: client.may_serve(BUNDLE))
+    handler.own_gate.clear()
+    handler.own_started.clear()
+    session.to_send.put_nowait(own(2, OTHER))  # the broker is slow to take it
+    await asyncio.wait_for(handler.own_started.wait(), WAIT_S)
+    release = lbd_pb2.ReleaseCommand(bundle=BUNDLE)
+    session.to_send.put_nowait(lbd_pb2.SidecarMessage(command_id=3, release=release))
+    close = lbd_pb2.CloseCommand(bundle=OTHER, reason="moved away")
+    session.to_send.put_nowait(lbd_pb2.SidecarMessage(command_id=4, close=close))
+    await until(lambda: not client.may_serve(BUNDLE))
+    assert ("release", BUNDLE, "") not in handler.calls  # its turn has not come yet
+    handler.own_gate.set()
+    await until(lambda: ("close", OTHER, "moved away") in handler.calls)
+    # The Own sent before the Close was carried out, and did not make the bundle servable.
+    assert [c[:2] for c in handler.calls[1:]] == [
+        ("own", OTHER),
+        ("release", BUNDLE),
+        ("close", OTHER),
+    ]
+    assert client.owned == frozenset()
+    # A later Own does.
+    assert (await session.command(own(5, OTHER))).ok
+    assert client.may_serve(OTHER)

@@ -89,6 +89,7 @@ class Timing:
     ack_timeout_s: float = 5.0
     settle_timeout_s: float = 30.0
     fence_after_s: float = 8.0
+    channel_fence_after_s: float = 8.0
     fence_check_interval_s: float = 1.0
     retry_s: float = 1.0
     serving_lease_s: float = 4.0
@@ -102,6 +103,7 @@ class Timing:
             release_ack_timeout_s=self.ack_timeout_s,
             settle_timeout_s=self.settle_timeout_s,
             fence_after_s=self.fence_after_s,
+            channel_fence_after_s=self.channel_fence_after_s,
             fence_check_interval_s=self.fence_check_interval_s,
             retry_s=self.retry_s,
             serving_lease_s=self.serving_lease_s,

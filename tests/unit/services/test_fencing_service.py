@@ -196,6 +196,30 @@ async def test_no_lease_is_granted_while_the_broker_serves_what_the_table_gives_
         assert a.fence.vouches()
 
 
+async def test_no_lease_is_granted_while_an_announced_bundle_waits_behind_its_own() -> None:
+    # The leader's hand-over wait does not wait for an Own of the bundle to be answered: a
+    # sidecar that read the announcement grants nothing until the Release (or a Close) is sent.
+    bundle = BUNDLES[0]
+    async with Harness(timing=TIMING) as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        a.broker.ack_own = None  # it gets the Own and does not answer (yet)
+        await a.proposer.propose(bundle, ServiceUnitState.Assigning, dst=a.me)
+        await turns(lambda: ("a", "own") in h.kinds(bundle))
+        assert bundle in a.link.possibly_served() and bundle not in a.served()
+        assert a.fence.vouches()
+        await b.proposer.propose(
+            bundle, ServiceUnitState.Releasing, src=a.me, dst=b.me, force=True, leader_term=1
+        )
+        await turns(lambda: a.follower.get(bundle).state is ServiceUnitState.Releasing)
+        assert not a.fence.vouches() and not a.fence.fenced
+        # The Own times out; the Close that follows it ends the wait.
+        await settle(h.clock, lambda: bundle not in a.link.possibly_served())
+        assert a.fence.vouches()
+        assert bundle not in a.broker.serving
+
+
 async def test_a_channel_outage_starts_a_new_run_of_readable_time_when_it_ends() -> None:
     # What the leader's monitor waits on before it calls a value stuck in flight: the channel
     # read through without a break for the whole timeout.
