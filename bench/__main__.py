@@ -12,6 +12,9 @@ shedding strategy on the standard balancing scenarios, as ``lbd bench balance``)
 the default execution governor, on a dev cluster it starts itself), ``lookup`` (owned Lookups on a
 sidecar beside a trivial grpc.aio server answering the same bytes: the ratio to the gRPC
 ceiling), ``recovery`` (a broker with 10,000 bundles killed: each phase of their repair),
+``failover`` (a broker with 10, 1,000 and 10,000 bundles killed, every setting at its default:
+seconds to all Owned again, beside Pulsar's and KRaft's detection times), ``etcd_lease`` (etcd's
+keepalive round trip and lease expiry, idle and under writes: what the 3 s lease rests on),
 ``broker_cache`` (the broker-side ownership cache's topic lookups, in process), ``clients``
 (the official Pulsar client through broker fronts while a dev cluster goes through transfers,
 an unload, a split, a drain, a rolling restart, kills, pauses and outages: failed, lost and
@@ -39,6 +42,8 @@ from bench import (
     channel_bench,
     clients_bench,
     core,
+    etcd_lease_bench,
+    failover_bench,
     lookup_bench,
     operating_bench,
     outage_bench,
@@ -64,6 +69,8 @@ SUITES = (
     "lookup",
     "assign",
     "recovery",
+    "failover",
+    "etcd_lease",
     "split",
     "scale",
     "operating",
@@ -72,7 +79,16 @@ SUITES = (
     "security",
     "clients",
 )
-FIGURE_SUITES = ("lookup", "assign", "recovery", "broker_cache", "split", "scale", "clients")
+FIGURE_SUITES = (
+    "lookup",
+    "assign",
+    "recovery",
+    "failover",
+    "broker_cache",
+    "split",
+    "scale",
+    "clients",
+)
 """The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
 here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
 
@@ -145,6 +161,16 @@ def main() -> None:
             result = recovery_bench.run(bundles=orphans)
         console.print(measurements_table("orphans owned again after kill -9", result))
         figures += recovery_bench.figures(result)
+    if "failover" in suites:
+        sizes = (10, 1_000) if args.quick else failover_bench.SIZES
+        with console.status(f"failover: kill -9 with {', '.join(f'{n:,}' for n in sizes)} bundles"):
+            results = failover_bench.run(sizes)
+        console.print(failover_bench.table(results))
+        figures += failover_bench.figures(results)
+    if "etcd_lease" in suites:
+        with console.status("etcd_lease: keepalives and expiries, idle and under writes..."):
+            result = etcd_lease_bench.run(samples=50 if args.quick else 200)
+        console.print(measurements_table("etcd lease: keepalive and expiry", result))
     if "split" in suites:
         children = 200 if args.quick else split_bench.CHILDREN
         with console.status(f"split: one bundle into {children:,} children..."):

@@ -24,7 +24,7 @@ from rich.table import Table
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
-from lbd.devcluster.cluster import DEV_SETTINGS, DevClusterSpec, down, up
+from lbd.devcluster.cluster import DevClusterSpec, dev_settings, down, up
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
 from lbd.sim.workload import Workload, WorkloadSpec
 
@@ -52,7 +52,7 @@ def run(*, etcd_outage_s: float = 60.0, pulsar_outage_s: float = 20.0) -> list[O
                 for client in clients:
                     client.close()
             fresh = (topics.topics(b.id)[0] for b in itertools.islice(layout, OWNED, None))
-            settle_s = float(DEV_SETTINGS["monitor.orphan_cleanup_grace_s"]) + 3.0
+            settle_s = dev_settings().monitor.orphan_cleanup_grace_s + 3.0
             outages = OutageRun(
                 cluster,
                 NAMESPACE,

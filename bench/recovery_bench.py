@@ -1,11 +1,11 @@
 """Orphans owned again: a broker with N bundles is killed, until every bundle is Owned elsewhere.
 
 ``python -m bench.recovery_bench [--bundles N]`` starts a 3-broker dev cluster of its own (lease
-TTL 3 s, orphan cleanup grace 7 s, hand-over wait 9 s), cordons two brokers so that N bundles
-of a namespace are assigned to the third, uncordons them (each then gets one more bundle of the
-namespace), kills the third's sidecar and broker with SIGKILL (a non-leader), and follows the
-channel with ``WatchOwnership`` on the survivor that does not lead, timing each phase of the
-repair from the kill:
+TTL 3 s, orphan cleanup grace 1.5 s, hand-over wait 4.5 s: lbd's defaults), cordons two brokers
+so that N bundles of a namespace are assigned to the third, uncordons them (each then gets one
+more bundle of the namespace), kills the third's sidecar and broker with SIGKILL (a
+non-leader), and follows the channel with ``WatchOwnership`` on the survivor that does not lead,
+timing each phase of the repair from the kill:
 
 - the first and last announcement (``Releasing`` from the dead broker): the cleanup grace ends;
 - the first and last hand-over (``Assigning`` to a live broker): the hand-over wait ends;
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import tempfile
@@ -60,15 +61,17 @@ class Timeline:
     """Each bundle's hand-over to its Owned, in seconds (the destination's Own round trip)."""
 
 
-def run(*, bundles: int = 10_000) -> dict[str, float]:
-    """Start a dev cluster, measure one broker's death with ``bundles`` bundles, stop it."""
+def run(*, bundles: int = 10_000, defaults: bool = False) -> dict[str, float]:
+    """Start a dev cluster, measure one broker's death with ``bundles`` bundles, stop it.
+    ``defaults``: the sidecars keep every default setting, not the dev cluster's."""
     with tempfile.TemporaryDirectory(prefix="lbd-bench-recovery-") as tmp:
         state_dir = Path(tmp) / "dev"
         # One broker takes every bundle: the simulated brokers' topics would pass the default
         # max topics per broker (50,000) before ten thousand bundles.
-        spec = DevClusterSpec(brokers=3, sim_brokers=True).with_overrides(
-            ["assignment.max_topics_per_broker=10000000"]
-        )
+        base = DevClusterSpec(brokers=3, sim_brokers=True)
+        if defaults:
+            base = dataclasses.replace(base, settings={})
+        spec = base.with_overrides(["assignment.max_topics_per_broker=10000000"])
         cluster = up(state_dir, spec)
         try:
             return _measure(cluster, bundles)

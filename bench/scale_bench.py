@@ -24,7 +24,7 @@ of that size. Measured per profile and size:
   channel changes the sidecars applied, in that window (0 and 0 when the cluster is calm);
 - owned Lookups at 32 in flight through the leader's sidecar: p50 and p99.
 
-The profiles are the dev cluster's short timings (lease 3 s, reports every second) and lbd's
+The profiles are the dev cluster's settings (reports every second, sweeps every second) and lbd's
 defaults. The figures are each Lookup p99 against the same profile's 1k-bundle p99 of the same
 run (the goal: within 2x).
 """

@@ -1,8 +1,8 @@
 """Benchmark of the sidecar on a dev cluster: lookups, assignments, failover after kill -9.
 
 ``python -m bench.sidecar_bench [--brokers N] [--bundles N] [--lookups N]`` starts a dev cluster
-of its own (``lbd dev up`` on a temporary state dir, the dev cluster's short timings: lease TTL
-3 s, orphan cleanup grace 7 s) and prints one table. Measured:
+of its own (``lbd dev up`` on a temporary state dir, the dev cluster's settings: lease TTL
+3 s, orphan cleanup grace 1.5 s) and prints one table. Measured:
 
 - assignment latency: a lookup of a topic whose bundle has no owner yet (the sidecar picks a
   broker, writes Assigning, the broker acks Own, Owned is applied), one at a time;

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         dest="settings",
         metavar="SECTION.KEY=VALUE",
-        help="a sidecar setting on top of the dev cluster's short timings (repeatable)",
+        help="a sidecar setting on top of the dev cluster's settings (repeatable)",
     )
     p.set_defaults(func=run_up)
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lbd.broker.credentials import ClientCredentials
-from lbd.config import load_settings
+from lbd.config import Settings, load_settings
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
 from lbd.devcluster.processes import settings_env
 
@@ -59,20 +59,10 @@ _POLL_S = 0.1
 _LOG_TAIL_LINES = 30
 
 DEV_SETTINGS: Mapping[str, str] = {
-    # Short lease and grace: a dead broker's bundles move within about ten seconds.
-    "etcd.lease_ttl_s": "3",
-    "etcd.keepalive_interval_s": "0.8",
-    "etcd.request_timeout_s": "1",
-    "etcd.fence_after_s": "3",
-    "etcd.fence_margin_s": "1",
-    "etcd.fence_check_interval_s": "0.5",
-    "monitor.orphan_cleanup_grace_s": "7",
+    # Failover takes lbd's default timings (a 3 s lease, a 1.5 s grace, docs/safety.md); the
+    # monitor's full sweep (stuck in-flight values) comes every second rather than every minute.
     "monitor.interval_s": "1",
     "monitor.inflight_timeout_s": "8",
-    "broker.own_ack_timeout_s": "3",
-    "broker.release_ack_timeout_s": "3",
-    "broker.serving_lease_s": "2",
-    "broker.silence_timeout_s": "6",
     # Reports every second and a shedder every five: the live view moves while you watch.
     "load_report.interval_s": "1",
     "shedding.interval_s": "5",
@@ -86,6 +76,11 @@ DEV_SETTINGS: Mapping[str, str] = {
     "grpc.shutdown_grace_s": "1",
 }
 """Settings of every sidecar of a dev cluster (dotted keys), before ``--set`` overrides."""
+
+
+def dev_settings() -> Settings:
+    """The settings a dev cluster's sidecars run with (before ``--set`` overrides)."""
+    return load_settings(None, env={}, overrides=dict(DEV_SETTINGS))
 
 
 @dataclass(frozen=True, slots=True)

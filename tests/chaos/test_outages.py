@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lbd.devcluster.cluster import DEV_SETTINGS
+from lbd.devcluster.cluster import dev_settings
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
 from tests.e2e.conftest import (
     SECURE,
@@ -36,7 +36,7 @@ OWNED = 12
 BUNDLES = 256
 ETCD_OUTAGE_S = 60.0
 PULSAR_OUTAGE_S = 20.0
-SETTLE_S = float(DEV_SETTINGS["monitor.orphan_cleanup_grace_s"]) + 3.0
+SETTLE_S = dev_settings().monitor.orphan_cleanup_grace_s + 3.0
 """Long enough after recovery for the leader to have announced a move, had it meant to."""
 RECOVERY_BOUND_S = 2.0
 """After etcd returns (the issue's bound): a reconnect backoff capped at half a second and a

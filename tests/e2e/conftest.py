@@ -25,11 +25,10 @@ import pytest
 
 from lbd.broker.credentials import ClientCredentials
 from lbd.cli.dev import env_lines
-from lbd.config import load_settings
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
-from lbd.devcluster.cluster import DEV_SETTINGS, DevCluster, load_cluster
+from lbd.devcluster.cluster import DevCluster, dev_settings, load_cluster
 from lbd.devcluster.serving import read_events
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 from lbd.sim.workload import Workload, WorkloadSpec
@@ -214,18 +213,11 @@ def start_cluster(
     return Cluster(load_cluster(state_dir), state_dir)
 
 
-def dev_seconds(*keys: str) -> float:
-    """The sum of dev cluster settings (seconds) named by their dotted keys."""
-    return sum(float(DEV_SETTINGS[key]) for key in keys)
-
-
-HANDOVER_S = (
-    load_settings(None, env={}, overrides=dict(DEV_SETTINGS))
-    .sidecar_config()
-    .timings.handover_wait_s
-)
+DEV = dev_settings()
+"""The settings of the dev cluster's sidecars."""
+HANDOVER_S = DEV.sidecar_config().timings.handover_wait_s
 """The leader's hand-over wait after it announced a move off a gone broker (docs/safety.md)."""
-ORPHAN_BOUND_S = dev_seconds("etcd.lease_ttl_s", "monitor.orphan_cleanup_grace_s") + HANDOVER_S
+ORPHAN_BOUND_S = DEV.etcd.lease_ttl_s + DEV.monitor.orphan_cleanup_grace_s + HANDOVER_S
 """A dead broker's bundles are Owned again this long after it died, plus a few sweeps."""
 
 

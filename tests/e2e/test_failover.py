@@ -16,9 +16,9 @@ import pytest
 from lbd.core.shedding import SkipReason
 from lbd.gen.v1 import lbd_pb2
 from tests.e2e.conftest import (
+    DEV,
     HANDOVER_S,
     Cluster,
-    dev_seconds,
     own_topics,
     serving_overlaps,
     start_cluster,
@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 
 NAMESPACE = "e2e/failover"
 BUNDLES = 12
-LEASE_TTL_S = dev_seconds("etcd.lease_ttl_s")
-CLEANUP_GRACE_S = dev_seconds("monitor.orphan_cleanup_grace_s")
+LEASE_TTL_S = DEV.etcd.lease_ttl_s
+CLEANUP_GRACE_S = DEV.monitor.orphan_cleanup_grace_s
 SLACK_S = 6.0
 
 
@@ -95,7 +95,12 @@ def test_killing_the_leader_s_sidecar_elects_a_new_leader_that_sheds(cluster: Cl
     assert elected.term > old.term
     assert elected.broker_id == witness
     print(f"new leader after {time.monotonic() - start:.1f}s")
-    result = cluster.client(witness).rebalance(dry_run=False)
+    # Its duties start a moment after the election (FAILED_PRECONDITION until then).
+    result = wait_for(
+        "a shedding cycle on the new leader",
+        lambda: cluster.client(witness).rebalance(dry_run=False),
+        SLACK_S,
+    )
     # The new leader ran a cycle: it moved bundles off survivors only, or said why it moved
     # none in one of Pulsar's words.
     if result.decisions:

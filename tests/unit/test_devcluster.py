@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lbd.cli.main import main
-from lbd.config import SettingsError, load_settings
+from lbd.config import Settings, SettingsError, load_settings
 from lbd.core.errors import InvalidInputError, NotFoundError
 from lbd.devcluster.cluster import (
     DEV_SETTINGS,
@@ -17,6 +17,7 @@ from lbd.devcluster.cluster import (
     DevClusterSpec,
     NodeRecord,
     ProcessRecord,
+    dev_settings,
     down,
     is_alive,
     load_cluster,
@@ -28,8 +29,10 @@ from lbd.devcluster.processes import settings_env
 
 def test_dev_settings_pass_the_settings_validation() -> None:
     settings = load_settings(None, env=settings_env(DEV_SETTINGS))
-    assert settings.etcd.lease_ttl_s == 3
-    assert settings.monitor.orphan_cleanup_grace_s == 7
+    assert settings == dev_settings()
+    assert settings.monitor.interval_s == 1
+    # Failover takes the defaults.
+    assert settings.etcd == Settings().etcd and settings.broker == Settings().broker
 
 
 def test_settings_become_lbd_env_variables_and_inherited_ones_are_dropped(
@@ -47,7 +50,7 @@ def test_set_overrides_add_to_the_dev_settings() -> None:
     spec = DevClusterSpec().with_overrides(["shedding.interval_s=2", "monitor.interval_s = 3"])
     assert spec.settings["shedding.interval_s"] == "2"
     assert spec.settings["monitor.interval_s"] == "3"
-    assert spec.settings["etcd.lease_ttl_s"] == DEV_SETTINGS["etcd.lease_ttl_s"]
+    assert spec.settings["split.interval_s"] == DEV_SETTINGS["split.interval_s"]
 
 
 @pytest.mark.parametrize("bad", ["lease_ttl_s=3", "etcd.lease_ttl_s", "a.b.c=1", ".x=1"])
