@@ -64,6 +64,12 @@ def _lease_vouches_at_once(self: Fence) -> bool:
     return bool(self._lease_stale_s() < self._fence_after_s)
 
 
+def _channel_vouches_too_long(self: Fence) -> bool:
+    """The channel ground for ten times its window: longer than the hand-over wait allows."""
+    began = self._barrier_began
+    return began is not None and self._clock.monotonic() - began < 10 * self._channel_fence_after_s
+
+
 async def _never_reown(self: OwnershipReactor) -> None:
     """``_reown_unserved`` that never offers anything again (and never ends)."""
     await asyncio.get_running_loop().create_future()
@@ -111,6 +117,16 @@ MUTATIONS: dict[str, Mutation] = {
             faults=("etcd-cut-one", "channel-cut-one"),
             mean_fault_gap_s=10.0,
             fault_s=(1.0, 60.0),
+        ),
+        Mutation(
+            "channel-window",
+            "a sidecar vouches on a channel read barrier for ten times the channel window: cut "
+            "off from etcd and the channel, it keeps its broker serving past the leader's "
+            "hand-over wait",
+            patches=((Fence, "_channel_vouches", _channel_vouches_too_long),),
+            faults=("isolate-sidecar",),
+            mean_fault_gap_s=10.0,
+            fault_s=(10.0, 40.0),
         ),
         Mutation(
             "no-reown",

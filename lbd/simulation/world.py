@@ -1078,11 +1078,19 @@ def run_seed(
     spec: WorldSpec, faults: tuple[Fault, ...] | None = None, *, trace: bool = True
 ) -> Outcome:
     """Run one world in a fresh event loop on virtual time (deterministic: nothing else runs on
-    it); ``trace``: keep its trace."""
+    it); ``trace``: keep its trace. An exception out of the run (lbd's bug, or the world's) is a
+    violation of its own, reported and shrunk like any other."""
     world = World(spec, faults, trace=trace)
     planted = MUTATIONS[spec.mutation].planted() if spec.mutation else contextlib.nullcontext()
     with planted:
-        return loop.run(world.clock, world.run)
+        try:
+            return loop.run(world.clock, world.run)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a CancelledError too: the seed fails, the check goes on
+            outcome = world.outcome
+            outcome.violations.append(f"the run crashed: {type(e).__name__}: {e}".rstrip(": "))
+            return outcome
 
 
 def search_spec(mutation: str, seed: int) -> WorldSpec:

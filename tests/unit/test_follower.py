@@ -13,6 +13,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import ChannelPosition, Outcome, StateTable
 from lbd.ports.checkpoint import StoredCheckpoint
+from lbd.ports.errors import UnavailableError
 from lbd.services.channel import checkpoints
 from lbd.services.channel.follower import ChannelFollower
 
@@ -223,3 +224,23 @@ async def test_a_checkpoint_lets_the_event_loop_run_between_slices_of_one_instan
     await asyncio.gather(making, meanwhile())
     assert len(turns) >= 3  # one at least after every slice
     assert making.result() == expected
+
+
+async def test_a_waiter_left_when_the_follower_stops_gets_an_error_not_a_cancellation() -> None:
+    # An admin split waiting for its bundle to settle when its sidecar stops must end with an
+    # error the API can answer with; a CancelledError would leak into a caller nobody cancelled
+    # (the simulation's seed 1191 died of it).
+    log = MemoryLog()
+    follower = ChannelFollower(MemoryChannelLog(log))
+    await follower.start()
+    async with asyncio.timeout(2):
+        await follower.wait_ready()
+    settling = asyncio.create_task(follower.wait_for(B1, is_state(ServiceUnitState.Owned)))
+    applied = asyncio.create_task(follower.wait_applied(ChannelPosition(1_000_000, 0, -1)))
+    with follower.watching(B2, lambda v: False):
+        await asyncio.sleep(0)
+        await follower.close()
+    for task in (settling, applied):
+        with pytest.raises(UnavailableError, match="the channel follower stopped"):
+            await task
+        assert not task.cancelled()

@@ -21,6 +21,7 @@ FOUND = {
     "no-wait-out": "serves",
     "stale-table-vouch": "serves",
     "no-handover-wait": "serves",
+    "channel-window": "serves",
 }
 """Each bug the simulation must find, and what its first violation says."""
 

@@ -3,13 +3,22 @@ faults hold every invariant, and planted bugs are found."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Iterator
 
 import pytest
 
-from lbd.simulation.world import FAULTS, Fault, WorldSpec, run_seed, schedule, search_spec
+from lbd.simulation.world import (
+    FAULTS,
+    Fault,
+    World,
+    WorldSpec,
+    run_seed,
+    schedule,
+    search_spec,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -127,6 +136,18 @@ PINNED = {
             Fault(103.9, "channel-down", 2, 43.5),
         ),
     ),
+    "an admin split waiting for its bundle when its sidecar crashed got a cancellation nobody "
+    "asked for, which killed the simulation's run": (
+        1191,
+        5,
+        (
+            Fault(7.5, "crash-sidecar", 3, 29.5),
+            Fault(80.8, "etcd-cut-one", 4, 25.0),
+            Fault(281.0, "etcd-down", 0, 32.9),
+            Fault(293.0, "split", 4, 32.4),
+            Fault(296.1, "crash-sidecar", 2, 25.3),
+        ),
+    ),
 }
 """Schedules that found bugs, shrunk, pinned as faults (a seed's own schedule changes whenever
 the kinds of fault do)."""
@@ -162,3 +183,16 @@ def test_load_swings_make_the_split_scheduler_and_the_shedder_act() -> None:
         if acted.get("scheduled_splits") and acted.get("shed"):
             return
     raise AssertionError(f"in 10 seeds of load swings the balancer did only {acted}")
+
+
+def test_an_exception_out_of_a_run_fails_the_seed_and_the_next_seed_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def crash(self: World) -> None:
+        raise asyncio.CancelledError
+
+    with monkeypatch.context() as patched:
+        patched.setattr(World, "_check_converged", crash)
+        outcome = run_seed(WorldSpec(1, virtual_s=60))
+    assert not outcome.ok and outcome.violations[-1] == "the run crashed: CancelledError"
+    assert run_seed(WorldSpec(1, virtual_s=60)).ok

@@ -22,6 +22,7 @@ from lbd.core.ids import BundleId
 from lbd.core.state import ServiceUnitStateData
 from lbd.core.table import ApplyResult, ChannelPosition, Outcome, StateTable
 from lbd.ports.channel import ChannelLog, ChannelMessage
+from lbd.ports.errors import UnavailableError
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
@@ -113,14 +114,19 @@ class ChannelFollower:
         await self._ready.wait()
 
     async def close(self) -> None:
-        """Stop following; waiters get :class:`asyncio.CancelledError`. Idempotent."""
+        """Stop following; waiters get :class:`UnavailableError` (a caller that was not
+        cancelled itself, an admin split waiting for its bundle to settle, say, gets an error it
+        can answer with, not a cancellation). Idempotent."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        for waiters in self._waiters.values():
-            for _, future in waiters:
-                future.cancel()
-        for _, _, future in self._position_waiters:
-            future.cancel()
+        futures = [future for waiters in self._waiters.values() for _, future in waiters]
+        futures += [future for _, _, future in self._position_waiters]
+        for future in futures:
+            if not future.done():
+                future.set_exception(
+                    UnavailableError(f"{self._name}: the channel follower stopped")
+                )
+                future.exception()  # retrieved here: a waiter without a task awaits nothing
         self._waiters.clear()
         self._position_waiters.clear()
 
