@@ -90,7 +90,7 @@ the whole grace, not a rounding error less (which would leave it waiting, for a 
 GRACE_RETRY_S = 1.0
 """A full sweep due because a gone broker's grace ended, or a new leader's first, but skipped
 (safe mode, the channel not caught up), is tried again this much later rather than at the next
-interval."""
+interval; so is one (or a pass) some of whose writes the channel did not take."""
 WRITE_WINDOW = 4096
 """Channel writes one sweep has in flight at once. The channel writer sends them in batches, so
 a write in flight costs a queued entry, not a message: announcing 10,000 orphans took 1.6 s of
@@ -266,8 +266,10 @@ class OwnershipMonitor:
                     swept = True
                 else:
                     self._retry_graces(last_full)
-                    if not swept:
-                        last_full += GRACE_RETRY_S - self._settings.interval_s
+                if not swept or report.failed:
+                    # Not swept yet, or writes the channel did not take (a slow channel in a
+                    # big failover, say): again in a second, not an interval later.
+                    last_full += GRACE_RETRY_S - self._settings.interval_s
                 continue
             # Passes are spaced a little: hand-overs come due in the batches their
             # announcements were written in, and one pass takes every one due by then.
@@ -304,8 +306,11 @@ class OwnershipMonitor:
             # Only sweeps and passes, run by this loop, change ``_due``: ``due`` is still its
             # earliest.
             if now < full_at - _SLACK_S and (self._held or (due is not None and due <= now)):
-                await self.run_held(term)
+                passed = await self.run_held(term)
                 last_pass = self._clock.monotonic()
+                if passed.failed:  # its bundles are the next full sweep's: in a second
+                    retry_at = last_pass + GRACE_RETRY_S - self._settings.interval_s
+                    last_full = min(last_full, retry_at)
 
     async def _follow_registry(self, changes: AsyncIterator[RegistryEvent]) -> None:
         """Note when each broker that vanishes from the registry ends its grace (one that

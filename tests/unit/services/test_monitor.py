@@ -34,7 +34,12 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.graph import Sidecar
-from lbd.services.leader.monitor import DECISION_LINES, SWEEP_SLICE, OwnershipMonitor
+from lbd.services.leader.monitor import (
+    DECISION_LINES,
+    GRACE_RETRY_S,
+    SWEEP_SLICE,
+    OwnershipMonitor,
+)
 
 S = ServiceUnitState
 X, Y, Z = BrokerId("broker-x"), BrokerId("broker-y"), BrokerId("broker-z")
@@ -259,6 +264,24 @@ async def test_the_leader_duty_announces_a_gone_brokers_bundles_as_its_grace_end
             await r.clock.run_for(1.0)
             await turns(lambda: all(r.follower.get(b).state is S.Releasing for b in (B1, B2)))
             assert r.cleanup("orphan", "Success") == 2
+
+
+async def test_an_announcement_the_channel_did_not_take_is_tried_again_a_second_later() -> None:
+    # In a big failover the channel can be slow to take the leader's writes: the bundles whose
+    # announcement failed go a second later, not at the next full sweep (NEVER_S here).
+    async with rig() as r:
+        await r.register(X, Y)
+        await r.write(B1, S.Owned, dst=X)
+        async with r.leading():
+            await let_run()
+            await r.deregister(X)
+            r.writer.log.go_down()
+            await r.clock.run_for(SETTINGS.orphan_cleanup_grace_s + 0.5)
+            await settle(r.clock, lambda: r.cleanup("orphan", "Failure") >= 1)
+            r.writer.log.come_back()
+            assert r.follower.get(B1).state is S.Owned
+            await r.clock.run_for(GRACE_RETRY_S + 0.5)
+            await turns(lambda: r.follower.get(B1).state is S.Releasing)
 
 
 async def test_a_broker_back_within_its_grace_keeps_its_bundles_while_the_duty_runs() -> None:
