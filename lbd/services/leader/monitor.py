@@ -61,6 +61,7 @@ from lbd.core.table import StateTable
 from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
+from lbd.ports.errors import UnavailableError
 from lbd.ports.metadata import RegistryEvent
 from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
@@ -90,7 +91,8 @@ the whole grace, not a rounding error less (which would leave it waiting, for a 
 GRACE_RETRY_S = 1.0
 """A full sweep due because a gone broker's grace ended, or a new leader's first, but skipped
 (safe mode, the channel not caught up), is tried again this much later rather than at the next
-interval; so is one (or a pass) some of whose writes the channel did not take."""
+interval; so is one (or a pass) some of whose writes the channel did not take, twice as late
+each time in a row that it is so again, up to the interval."""
 WRITE_WINDOW = 4096
 """Channel writes one sweep has in flight at once. The channel writer sends them in batches, so
 a write in flight costs a queued entry, not a message: announcing 10,000 orphans took 1.6 s of
@@ -131,6 +133,8 @@ class _Sweep:
     the sweep first meets it."""
     fixes: list[Fix] = field(default_factory=list)
     failed: list[tuple[BundleId, str]] = field(default_factory=list)
+    unwritten: int = 0
+    """How many of ``failed`` are writes the channel did not take."""
     waiting: dict[BrokerId, float] = field(default_factory=dict)
     handing_over: dict[BundleId, float] = field(default_factory=dict)
     records: list[NamespaceRecord] | None = None
@@ -154,6 +158,7 @@ class _Sweep:
             dict(self.waiting),
             dict(self.handing_over),
             self.skipped,
+            self.unwritten,
         )
 
 
@@ -169,6 +174,9 @@ class SweepReport:
     """Announced moves off gone brokers waiting out the hand-over, with the seconds waited."""
     skipped: str | None = None
     """Why orphans and stuck states were not looked at (safe mode, deposed, not caught up)."""
+    unwritten: int = 0
+    """Failed fixes whose write the channel did not take (unavailable, timed out): worth
+    trying again soon, unlike one no broker can take."""
 
 
 class OwnershipMonitor:
@@ -252,6 +260,7 @@ class OwnershipMonitor:
         last_full = -math.inf  # a new leader sweeps at once (and retries until one ran)
         last_pass = -math.inf
         swept = False
+        unwritten_retry_s = GRACE_RETRY_S
         while True:
             self._registry_changed.clear()
             now = self._clock.monotonic()
@@ -266,10 +275,15 @@ class OwnershipMonitor:
                     swept = True
                 else:
                     self._retry_graces(last_full)
-                if not swept or report.failed:
-                    # Not swept yet, or writes the channel did not take (a slow channel in a
-                    # big failover, say): again in a second, not an interval later.
+                if not swept:
                     last_full += GRACE_RETRY_S - self._settings.interval_s
+                elif report.unwritten:
+                    # Writes the channel did not take (a slow channel in a big failover, say):
+                    # again in a second, not an interval later; later each time it goes on.
+                    last_full += unwritten_retry_s - self._settings.interval_s
+                    unwritten_retry_s = min(2 * unwritten_retry_s, self._settings.interval_s)
+                else:
+                    unwritten_retry_s = GRACE_RETRY_S
                 continue
             # Passes are spaced a little: hand-overs come due in the batches their
             # announcements were written in, and one pass takes every one due by then.
@@ -308,8 +322,8 @@ class OwnershipMonitor:
             if now < full_at - _SLACK_S and (self._held or (due is not None and due <= now)):
                 passed = await self.run_held(term)
                 last_pass = self._clock.monotonic()
-                if passed.failed:  # its bundles are the next full sweep's: in a second
-                    retry_at = last_pass + GRACE_RETRY_S - self._settings.interval_s
+                if passed.unwritten:  # its bundles are the next full sweep's: soon
+                    retry_at = last_pass + unwritten_retry_s - self._settings.interval_s
                     last_full = min(last_full, retry_at)
 
     async def _follow_registry(self, changes: AsyncIterator[RegistryEvent]) -> None:
@@ -469,6 +483,8 @@ class OwnershipMonitor:
                     raise error
                 self._count(fix.kind, FAILURE)
                 sweep.failed.append((fix.bundle, str(error)))
+                # The channel did not take it (down, or slower than the publish timeout).
+                sweep.unwritten += isinstance(error, UnavailableError)
                 _log.warning("monitor: could not fix %s: %s", fix.bundle, error)
                 continue
             sweep.fixes.append(fix)
