@@ -745,6 +745,11 @@ class MonitorSettings(Section):
     this long; re-registering cancels the cleanup. With the hand-over wait it must cover the
     lease ground of self-fencing: etcd.fence_after_s + broker.serving_lease_s +
     etcd.fence_margin_s <= this + the hand-over wait (docs/safety.md)."""
+    unseen_broker_grace_s: Seconds = 30.0
+    """The grace of a broker the leader's sidecar never saw registered, instead of
+    orphan_cleanup_grace_s when longer: a cluster starting (every sidecar and broker at once),
+    whose brokers attach one by one, keeps its bundles where the table has them rather than
+    moving them to the first broker up. A broker seen to leave gets orphan_cleanup_grace_s."""
 
     def to_core(self) -> MonitorConfig:
         """The monitor's knobs."""

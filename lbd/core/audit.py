@@ -92,6 +92,8 @@ class AuditBounds:
     """Added to every bound: two monitor sweeps (it acts at its first sweep past a bound)."""
     monitor_interval_s: float = 0.0
     """The monitor's sweep interval, named in the findings' actions."""
+    unseen_extra_s: float = 0.0
+    """What a broker never seen registered waits on top of G (``MonitorConfig.unseen_extra_s``)."""
 
     @classmethod
     def of(cls, monitor: MonitorConfig, handover_wait_s: float) -> AuditBounds:
@@ -102,6 +104,7 @@ class AuditBounds:
             handover_s=handover_wait_s,
             slack_s=2 * monitor.interval_s,
             monitor_interval_s=monitor.interval_s,
+            unseen_extra_s=monitor.unseen_extra_s,
         )
 
     @property

@@ -190,6 +190,14 @@ class MonitorConfig:
     """Free and Deleted values older than this are tombstoned."""
     orphan_cleanup_grace_s: float = 1.5
     """A broker away this long has its bundles announced as moving (``Releasing`` from it)."""
+    unseen_broker_grace_s: float = 30.0
+    """The grace instead, when at least as long, of a broker this sidecar never saw registered
+    (a cluster starting, its brokers attaching one by one)."""
+
+    @property
+    def unseen_extra_s(self) -> float:
+        """What a broker never seen registered waits on top of the orphan grace."""
+        return max(0.0, self.unseen_broker_grace_s - self.orphan_cleanup_grace_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,7 @@ CONFIG = SidecarConfig(
         inflight_timeout_s=16.0,
         tombstone_after_s=3600.0,
         orphan_cleanup_grace_s=1.5,
+        unseen_broker_grace_s=1.5,
     ),
     shedding=SheddingConfig(
         target_std=0.04,

@@ -191,19 +191,23 @@ class GoneBrokers:
     leader's monitor, the safety auditor).
 
     The registry's word when this sidecar saw the broker vanish; for one that vanished before it
-    was watching, from when the duty first asked about it. Each duty keeps its own.
+    was watching, from when the duty first asked about it, less ``unseen_extra_s``: a broker
+    this sidecar never saw registered (a cluster starting) gets that much more grace. Each duty
+    keeps its own.
     """
 
-    def __init__(self, registry: BrokerRegistry) -> None:
+    def __init__(self, registry: BrokerRegistry, *, unseen_extra_s: float = 0.0) -> None:
         self._registry = registry
+        self._unseen_extra_s = unseen_extra_s
         self._noticed: dict[BrokerId, float] = {}
         """Brokers whose vanishing this sidecar did not witness: when the duty noticed them."""
 
     def away_s(self, broker: BrokerId, now: float) -> float:
-        """Seconds the unregistered ``broker`` has been away at ``now`` (clock-monotonic)."""
+        """Seconds the unregistered ``broker`` has been away at ``now`` (clock-monotonic), as its
+        grace counts them (less ``unseen_extra_s`` for one never seen registered)."""
         since = self._registry.absent_since(broker)
         if since is None:
-            since = self._noticed.setdefault(broker, now)
+            since = self._noticed.setdefault(broker, now) + self._unseen_extra_s
         return now - since
 
     def keep_only(self, brokers: Container[BrokerId]) -> None:

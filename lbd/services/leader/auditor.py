@@ -180,7 +180,7 @@ class SafetyAuditor:
         self._findings = FindingTracker()
         self._divergence = DivergenceTracker()
         self._dead_owners = DeadOwnerWatch()
-        self._gone = GoneBrokers(registry)
+        self._gone = GoneBrokers(registry, unseen_extra_s=bounds.unseen_extra_s)
         """Gone brokers, counted from when this sidecar noticed them if it did not see them go
         (as the monitor counts them)."""
         self._undated: dict[tuple[BundleId, int], int] = {}

@@ -218,7 +218,7 @@ class OwnershipMonitor:
         self._settings = config
         self._handover_wait_s = handover_wait_s
         self._metrics = metrics
-        self._gone = GoneBrokers(registry)
+        self._gone = GoneBrokers(registry, unseen_extra_s=config.unseen_extra_s)
         self._undated: dict[tuple[BundleId, int], int] = {}
         """Values without a timestamp, by (bundle, version): when the monitor first saw them."""
         self._waiting: set[BrokerId] = set()

@@ -31,7 +31,11 @@ from lbd.services.leader.monitor import SweepReport
 
 S = ServiceUnitState
 MONITOR = MonitorConfig(
-    interval_s=5, inflight_timeout_s=10, tombstone_after_s=3600, orphan_cleanup_grace_s=20
+    interval_s=5,
+    inflight_timeout_s=10,
+    tombstone_after_s=3600,
+    orphan_cleanup_grace_s=20,
+    unseen_broker_grace_s=20,
 )
 """G = 20 s, I = 10 s, slack = 2 sweeps = 10 s: an owner gone 30 s is late, a move 20 s old."""
 CONFIG = dataclasses.replace(

@@ -32,7 +32,7 @@ from lbd.metrics import Metrics
 from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
-from lbd.services.cluster.registry import BrokerRegistry
+from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
 from lbd.services.graph import Sidecar
 from lbd.services.leader.monitor import (
     DECISION_LINES,
@@ -675,3 +675,25 @@ async def test_a_sweep_logs_its_first_decisions_one_by_one_and_counts_the_rest(
             f"monitor: {len(report.fixes) - DECISION_LINES} more decisions in this sweep "
             f"(term {TERM}), logged at DEBUG; `lbd ctl decisions` lists every one"
         ]
+
+
+async def test_a_broker_never_seen_registered_keeps_its_bundles_for_the_unseen_grace() -> None:
+    # A cluster starting: the table names brokers whose sidecars and brokers are still coming
+    # up. This leader never saw X registered, so X gets the longer grace; Z, seen to leave,
+    # gets the orphan grace.
+    config = dataclasses.replace(SETTINGS, orphan_cleanup_grace_s=2, unseen_broker_grace_s=30)
+    async with rig() as r:
+        r.monitor._settings = config
+        r.monitor._gone = GoneBrokers(r.registry, unseen_extra_s=config.unseen_extra_s)
+        await r.register(Y, Z)
+        await r.write(B1, S.Owned, dst=X)
+        await r.write(B2, S.Owned, dst=Z)
+        await r.deregister(Z)
+        await r.sweep()
+        await r.clock.run_for(config.orphan_cleanup_grace_s + 0.5)
+        fixed = {f.bundle for f in (await r.sweep()).fixes}
+        assert fixed == {B2} and r.follower.get(B1).state is S.Owned
+        await r.register(X)  # its broker attached: it keeps its bundle
+        await r.clock.run_for(config.unseen_broker_grace_s)
+        assert B1 not in {f.bundle for f in (await r.sweep()).fixes}
+        assert r.follower.get(B1).state is S.Owned and r.follower.get(B1).dst_broker == X
