@@ -32,7 +32,7 @@ from lbd.metrics import Metrics
 from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
-from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
+from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.graph import Sidecar
 from lbd.services.leader.monitor import (
     DECISION_LINES,
@@ -148,10 +148,12 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(governor: GovernorConfig = QUIET.governor) -> AsyncIterator[Rig]:
+async def rig(
+    governor: GovernorConfig = QUIET.governor, monitor: MonitorConfig = SETTINGS
+) -> AsyncIterator[Rig]:
     """One sidecar as the wiring builds it, with no broker of its own (so it is no candidate),
     whose monitor the tests sweep by hand; the brokers X, Y, Z are registered by ``others``."""
-    config = dataclasses.replace(QUIET, monitor=SETTINGS, governor=governor)
+    config = dataclasses.replace(QUIET, monitor=monitor, governor=governor)
     async with Harness(config=config) as h:
         leader = await h.add("leader", auto_ack=False)
         sweep_by_hand(leader)
@@ -159,7 +161,7 @@ async def rig(governor: GovernorConfig = QUIET.governor) -> AsyncIterator[Rig]:
         await others.start()
         # The leader has read the channel through for longer than the in-flight timeout:
         # values stuck in flight are its to fix (a sidecar that just started waits that long).
-        await h.clock.run_for(SETTINGS.inflight_timeout_s + 1)
+        await h.clock.run_for(monitor.inflight_timeout_s + 1)
         try:
             yield Rig(
                 h.clock,
@@ -682,9 +684,7 @@ async def test_a_broker_never_seen_registered_keeps_its_bundles_for_the_unseen_g
     # up. This leader never saw X registered, so X gets the longer grace; Z, seen to leave,
     # gets the orphan grace.
     config = dataclasses.replace(SETTINGS, orphan_cleanup_grace_s=2, unseen_broker_grace_s=30)
-    async with rig() as r:
-        r.monitor._settings = config
-        r.monitor._gone = GoneBrokers(r.registry, unseen_extra_s=config.unseen_extra_s)
+    async with rig(monitor=config) as r:
         await r.register(Y, Z)
         await r.write(B1, S.Owned, dst=X)
         await r.write(B2, S.Owned, dst=Z)
