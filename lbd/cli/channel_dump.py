@@ -33,7 +33,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     dump.add_argument("--out", required=True, metavar="FILE", help="output file ('-': stdout)")
     add_cluster_flags(dump)
-    dump.set_defaults(func=run)
+    # The Pulsar client can abort the process as it exits (lbd.cli.main): the dump is written.
+    dump.set_defaults(func=run, exit_at_once=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,13 +4,23 @@ Each verb group lives in its own module exposing ``register(subparsers)``; the p
 ``func`` to a callable taking the parsed arguments and returning the exit code. Errors lbd raises on
 purpose (:class:`~lbd.core.errors.LbdError`) and unreadable files end in one line on stderr and a
 non-zero exit, never a traceback.
+
+A verb whose parser sets ``exit_at_once`` (one that used a Pulsar client and then returns, such as
+``lbd channel dump``) ends the console script's process with :func:`os._exit` once its output and
+logs are flushed: the Pulsar client's C++ threads, torn down as the interpreter exits, abort the
+process now and then ("terminate called without an active exception", about one run in forty)
+after the verb has done all its work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from lbd import __version__
 from lbd.cli import (
@@ -64,8 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the chosen verb and return its exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return _run(build_parser().parse_args(argv))
+
+
+def entry() -> NoReturn:
+    """The ``lbd`` console script: :func:`main` on the command line, then exit with its code (at
+    once, for a verb that sets ``exit_at_once``)."""
+    args = build_parser().parse_args()
+    code = _run(args)
+    if getattr(args, "exit_at_once", False):
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -84,4 +110,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
