@@ -32,6 +32,11 @@ class MoveKind(enum.Enum):
     RECOVERY = "recovery"
     """The repair of an orphan: nobody serves it until it is Owned again."""
 
+    def __hash__(self) -> int:
+        # Enum's hashes the member's name in Python on every lookup; a member is its only
+        # instance, so its identity does (the governor's books are keyed by kind).
+        return object.__hash__(self)
+
 
 @dataclass(frozen=True, slots=True)
 class Ticket:
@@ -47,7 +52,10 @@ class Ticket:
     @property
     def brokers(self) -> tuple[BrokerId, ...]:
         """The brokers whose per-broker limit the move counts against."""
-        return tuple(dict.fromkeys(b for b in (self.src, self.dst) if b is not None))
+        src, dst = self.src, self.dst
+        if src is None:
+            return () if dst is None else (dst,)
+        return (src,) if dst is None or dst == src else (src, dst)
 
 
 class _Books:
@@ -124,21 +132,32 @@ class Governor:
 
     def start(self, ticket: Ticket, now_s: float) -> None:
         """Take the slot of ``ticket`` (ValueError when :meth:`blocked_by` says no)."""
-        reason = self.blocked_by(ticket, now_s)
-        if reason is not None:
+        if not self.try_start(ticket, now_s):
+            reason = self.blocked_by(ticket, now_s)
             raise ValueError(f"move of {ticket.bundle} may not start: {reason}")
+
+    def try_start(self, ticket: Ticket, now_s: float) -> bool:
+        """Take the slot of ``ticket`` if it may start now (:meth:`may_start`); whether it did."""
+        if not self.may_start(ticket, now_s):
+            return False
         books = self._books[ticket.kind]
         books.held[ticket.bundle] = ticket
         books.per_broker.update(ticket.brokers)
-        books.starts.append(now_s)
+        if books.budget.per_minute:  # only a rate limit reads them
+            books.starts.append(now_s)
+        return True
 
     def finish(self, bundle: BundleId) -> Ticket | None:
         """Give back the slot ``bundle`` holds; the ticket, or None when it held none."""
         for books in self._books.values():
             ticket = books.held.pop(bundle, None)
             if ticket is not None:
-                books.per_broker.subtract(ticket.brokers)
-                books.per_broker += Counter()  # drop the zero counts
+                for broker in ticket.brokers:
+                    left = books.per_broker.get(broker, 0) - 1
+                    if left > 0:
+                        books.per_broker[broker] = left
+                    else:
+                        books.per_broker.pop(broker, None)
                 return ticket
         return None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -124,8 +125,13 @@ class ExecutionGovernor:
         self._freed: dict[MoveKind, asyncio.Event] = {k: asyncio.Event() for k in MoveKind}
         """Set (and replaced) whenever a slot of the kind is given back."""
         for kind in MoveKind:
-            metrics.governor_queued.labels(budget=kind.value).set(0)
-            metrics.governor_in_flight.labels(budget=kind.value).set(0)
+            # Read when scraped, not set on every move: a repair admits thousands a second.
+            metrics.governor_queued_series(kind.value).set_function(
+                functools.partial(len, self._queues[kind])
+            )
+            metrics.governor_in_flight_series(kind.value).set_function(
+                functools.partial(self._books.in_flight, kind)
+            )
 
     async def start(self) -> None:
         """Start following the channel (slots are given back as their bundles settle)."""
@@ -162,7 +168,6 @@ class ExecutionGovernor:
         waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         entry = (ticket, waiter)
         queue.append(entry)
-        self._gauge(ticket.kind)
         if self._books.retry_after_s(ticket.kind, self.clock.monotonic()) is not None:
             self._retry_later(ticket.kind)
         try:
@@ -172,24 +177,26 @@ class ExecutionGovernor:
                 waiter.result().release()  # admitted as the caller gave up: not used
             elif entry in queue:
                 queue.remove(entry)
-                self._gauge(ticket.kind)
             raise
 
     def try_admit(self, ticket: Ticket) -> Slot | None:
         """A slot at once if nobody waits in the budget and its limits allow; else None."""
         if self._queues[ticket.kind]:
             return None
-        if not self._books.may_start(ticket, self.clock.monotonic()):
+        if not self._books.try_start(ticket, self.clock.monotonic()):
             return None  # asked for every orphan a sweep holds back: no explanation built
-        return self._take(ticket)
+        return self._slot(ticket)
 
     def _take(self, ticket: Ticket) -> Slot:
-        value = self._follower.get(ticket.bundle)
         self._books.start(ticket, self.clock.monotonic())
+        return self._slot(ticket)
+
+    def _slot(self, ticket: Ticket) -> Slot:
+        """The slot of ``ticket``, whose move the books have just started."""
+        value = self._follower.get(ticket.bundle)
         slot = Slot(self, ticket, 0 if value is None else value.version_id)
         self._slots[ticket.bundle] = slot
         self._metrics.governor_started_series(ticket.kind.value).inc()
-        self._gauge(ticket.kind)
         return slot
 
     def _dispatch(self, kind: MoveKind) -> None:
@@ -212,8 +219,6 @@ class ExecutionGovernor:
                 break
         for entry in admitted:
             queue.remove(entry)
-        if admitted:
-            self._gauge(kind)
 
     def _retry_later(self, kind: MoveKind) -> None:
         """Dispatch ``kind`` again once its rate window lets one more move start."""
@@ -240,7 +245,6 @@ class ExecutionGovernor:
             return
         del self._slots[bundle]
         self._books.finish(bundle)
-        self._gauge(held.ticket.kind)
         freed = self._freed[held.ticket.kind]
         self._freed[held.ticket.kind] = asyncio.Event()
         freed.set()
@@ -279,7 +283,3 @@ class ExecutionGovernor:
                 if now - slot.admitted_at > STALE_SLOT_S:
                     _log.warning("governor: %s never settled; its slot is given back", bundle)
                     self.give_back(bundle)
-
-    def _gauge(self, kind: MoveKind) -> None:
-        self._metrics.governor_queued_series(kind.value).set(len(self._queues[kind]))
-        self._metrics.governor_in_flight_series(kind.value).set(self._books.in_flight(kind))
