@@ -147,3 +147,29 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
         for task in leaked:
             task.cancel()
         pytest.fail(f"the test left {len(leaked)} asyncio task(s) running: {described}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Print a failure or error as it happens, not only in the summary at the end: a native
+    library that aborts the whole process later (Fatal Python error: Aborted) takes the summary
+    with it, and CI's log would say only that something failed."""
+    if not report.failed:
+        return
+    reporter = _REPORTER.get("terminal")
+    if reporter is None:
+        return
+    reporter.write_line("")
+    reporter.write_line(f"--- {report.nodeid} failed ({report.when}), at once:", red=True)
+    for line in report.longreprtext.splitlines()[-60:]:
+        reporter.write_line(line)
+
+
+_REPORTER: dict[str, pytest.TerminalReporter] = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        _REPORTER["terminal"] = reporter

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     """Dump the channel of the configured cluster into ``--out``."""
     settings = settings_from_args(args)
     if args.out == "-":
-        count = asyncio.run(dump(settings, sys.stdout))
+        count = asyncio.run(dump(settings, sys.stdout, keep=True))
     else:
         count = _dump_to_file(settings, Path(args.out))
     print(f"dumped {count} messages from {settings.pulsar.state_channel_topic}", file=sys.stderr)
@@ -53,7 +53,7 @@ def _dump_to_file(settings: Settings, out: Path) -> int:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            count = asyncio.run(dump(settings, f))
+            count = asyncio.run(dump(settings, f, keep=True))
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -61,8 +61,14 @@ def _dump_to_file(settings: Settings, out: Path) -> int:
     return count
 
 
-async def dump(settings: Settings, out: TextIO) -> int:
-    """Write every message of the channel up to its current end; return how many."""
+_CLOSED: list[PulsarConnection] = []
+"""The command's closed connections, never destroyed: the process ends with os._exit (lbd.cli.main)
+before their C++ clients' destructors could run, where the abort at exit happens."""
+
+
+async def dump(settings: Settings, out: TextIO, *, keep: bool = False) -> int:
+    """Write every message of the channel up to its current end; return how many. ``keep``: the
+    closed connection is kept referenced for the rest of the process (the command line's)."""
     connection = PulsarConnection.from_settings(settings.pulsar)
     log = PulsarChannelLog(connection, settings.pulsar.state_channel_topic)
     count = 0
@@ -73,6 +79,8 @@ async def dump(settings: Settings, out: TextIO) -> int:
     finally:
         await log.close()
         await connection.close()
+        if keep:
+            _CLOSED.append(connection)
     return count
 
 
