@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     own_topics,
     start_cluster,
     stop_cluster,
+    victim_owning,
     wait_for,
 )
 
@@ -173,8 +174,7 @@ def test_after_every_forged_value_the_leader_still_reassigns_a_dead_brokers_bund
     cluster: Cluster,
 ) -> None:
     leader = cluster.client().leader().broker_id
-    owners = cluster.owners(NAMESPACE, via=leader)
-    victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
+    victim = victim_owning(cluster, NAMESPACE, leader)
     node = cluster.record.node(victim)
     cluster.killed_at_ns[victim] = time.monotonic_ns()
     os.kill(node.sidecar.pid, signal.SIGKILL)

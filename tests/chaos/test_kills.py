@@ -24,6 +24,7 @@ from tests.e2e.conftest import (
     own_topics,
     start_cluster,
     stop_cluster,
+    victim_owning,
     wait_for,
 )
 
@@ -66,15 +67,7 @@ def assert_served_once(cluster: Cluster) -> None:
 
 def test_kill_9_of_a_sidecar_and_its_broker(cluster: Cluster) -> None:
     leader = cluster.client().leader().broker_id
-    owners = cluster.owners(NAMESPACE, via=leader)
-    others = [b for b in cluster.broker_ids if b != leader]
-    victim = next((b for b in others if b in owners.values()), others[0])
-    if victim not in owners.values():
-        # A cluster just started can place every bundle on one broker (seen once in CI: all 24
-        # on the leader's, the least loaded pool holding that broker alone): give it some.
-        for bundle in sorted(owners)[: BUNDLES // len(cluster.broker_ids)]:
-            cluster.client(leader).transfer(bundle, victim)
-        assert victim in cluster.owners(NAMESPACE, via=leader).values()
+    victim = victim_owning(cluster, NAMESPACE, leader)
     node = cluster.record.node(victim)
     cluster.killed_at_ns[victim] = time.monotonic_ns()
     os.kill(node.sidecar.pid, signal.SIGKILL)

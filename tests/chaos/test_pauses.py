@@ -23,6 +23,7 @@ from tests.e2e.conftest import (
     serving_overlaps,
     start_cluster,
     stop_cluster,
+    victim_owning,
     wait_for,
 )
 
@@ -118,13 +119,8 @@ def test_a_paused_broker_loses_its_bundles_only_after_its_lease(cluster: Cluster
         lambda: True if registered(cluster, leader) == set(cluster.broker_ids) else None,
         SETTLE_S,
     )
+    victim = victim_owning(cluster, NAMESPACE, leader)
     owners = cluster.owners(NAMESPACE, via=leader)
-    if not set(owners.values()) - {leader}:
-        # Earlier tests may have left every bundle on the leader: give a follower one.
-        follower = next(b for b in cluster.broker_ids if b != leader)
-        cluster.client(leader).transfer(sorted(owners)[0], follower)
-        owners = cluster.owners(NAMESPACE, via=leader)
-    victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
     moved = next(b for b, o in sorted(owners.items()) if o == victim)
     pid = cluster.record.node(victim).broker.pid
     os.kill(pid, signal.SIGSTOP)  # its stream stays open; it acks nothing, asks for nothing

@@ -237,6 +237,21 @@ def own_topics(
     return topics
 
 
+def victim_owning(cluster: Cluster, namespace: str, leader: str) -> str:
+    """A broker other than the leader's that owns bundles of ``namespace``. A cluster just started
+    can place every bundle on one broker (seen in CI: all of them on the leader's, the least
+    loaded pool holding that broker alone while the others' first load reports came in): then a
+    share of them is moved to another broker first."""
+    owners = cluster.owners(namespace, via=leader)
+    others = [b for b in cluster.broker_ids if b != leader]
+    victim = next((b for b in others if b in owners.values()), others[0])
+    if victim not in owners.values():
+        for bundle in sorted(owners)[: max(1, len(owners) // len(cluster.broker_ids))]:
+            cluster.client(leader).transfer(bundle, victim)
+        assert victim in cluster.owners(namespace, via=leader).values()
+    return victim
+
+
 def wait_until_vouching(cluster: Cluster, namespace: str, timeout_s: float = 30) -> None:
     """Return once every sidecar has completed a read barrier on the state channel since this
     call (its first heartbeat on an ownership watch): each can vouch for its broker on the

@@ -158,5 +158,9 @@ def test_every_event_ran(run: Run) -> None:
         "storage restarted",
     }
     if not SECURE:
-        expected |= {"SIGSTOP front 30 s", "SIGSTOP sidecar 30 s", "etcd paused 60 s"}
+        expected |= {
+            f"SIGSTOP front {PAUSE_S:g} s",
+            f"SIGSTOP sidecar {PAUSE_S:g} s",
+            f"etcd paused {ETCD_PAUSE_S:g} s",
+        }
     assert set(run.events) == expected

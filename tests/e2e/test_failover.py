@@ -23,6 +23,7 @@ from tests.e2e.conftest import (
     serving_overlaps,
     start_cluster,
     stop_cluster,
+    victim_owning,
     wait_for,
 )
 
@@ -51,8 +52,8 @@ def kill(pid: int) -> None:
 
 def test_the_bundles_of_a_killed_sidecar_and_broker_move_to_live_brokers(cluster: Cluster) -> None:
     leader = cluster.client().leader().broker_id
-    owners = cluster.owners(NAMESPACE)
-    victim = next(b for b in cluster.broker_ids if b != leader and b in owners.values())
+    victim = victim_owning(cluster, NAMESPACE, leader)
+    owners = cluster.owners(NAMESPACE, via=leader)
     orphans = sorted(b for b, o in owners.items() if o == victim)
     survivors = [b for b in cluster.broker_ids if b != victim]
     node = cluster.record.node(victim)
