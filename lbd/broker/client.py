@@ -180,6 +180,12 @@ class BrokerClient:
         """Whether the broker may serve ``bundle`` now; ask before serving anything."""
         return bundle in self._owned and self.lease_valid()
 
+    def revoked(self, bundle: BundleId) -> bool:
+        """Whether a Release or Close of ``bundle`` has arrived and is not carried out yet: the
+        broker stopped serving it on arrival, and its handler is told when the command's turn
+        comes (or :meth:`BrokerHandler.stop_all`, should the session end first)."""
+        return bundle in self._revoked
+
     def leave(self, reason: str) -> bool:
         """Tell the sidecar this broker is shutting down gracefully: it has every bundle
         handed to other brokers (the broker goes on serving and carrying out the Releases

@@ -73,6 +73,10 @@ class Services(Protocol):
     def handle_lost(self, handle: Handle, why: str) -> None:
         """Storage can no longer carry ``handle``: fence it and tell its client."""
 
+    def unserved(self, handle: Handle) -> None:
+        """``accepts`` said no: fence ``handle``, and tell its client unless the Release or
+        Close already received for its bundle will."""
+
     def traffic(self, topic: Topic) -> TopicTraffic:
         """The topic's traffic counters."""
 
@@ -223,7 +227,7 @@ class ClientProducer(Handle):
         if self.state is not State.OPEN:
             return False
         if not self.services.accepts(self):
-            self.services.handle_lost(self, "the front no longer serves the topic")
+            self.services.unserved(self)
             return False
         if payload is None:
             payload = b""
@@ -347,7 +351,7 @@ class ClientConsumer(Handle):
         if self.state is not State.OPEN:
             return False
         if not self.services.accepts(self):
-            self.services.handle_lost(self, "the front no longer serves the topic")
+            self.services.unserved(self)
             return False
         self.storage.ack(ack)
         return True

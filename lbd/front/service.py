@@ -250,6 +250,16 @@ class Front(RecordingHandler):
         _log.info("%s: %s; its client is sent to look it up again", handle, why)
         self._close_later([handle], None)
 
+    def unserved(self, handle: Handle) -> None:
+        """A frame of ``handle`` came while its topic is not served here. When that is because
+        the bundle's Release or Close has arrived and waits its turn, the handle is only fenced:
+        carrying that command out takes it with the bundle's other handles, and a transfer sends
+        its client to the new owner, without a lookup. Otherwise its client looks it up again."""
+        if handle.bundle in self.served and self.client.revoked(handle.bundle):
+            handle.fence()
+            return
+        self.handle_lost(handle, "the front no longer serves the topic")
+
     def producer_written(
         self, producer: ClientProducer, accepted_ns: int, message_id: object
     ) -> None:

@@ -27,6 +27,7 @@ import pytest
 from lbd.broker import BrokerClient, LookupBatcher, OwnershipCache
 from lbd.broker.events import EventLog
 from lbd.core.bundles import NamespaceBundles
+from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName
 from lbd.devcluster import PulsarLiteServer
 from lbd.devcluster.serving import (
@@ -394,6 +395,53 @@ async def test_a_transfer_fences_then_sends_clients_to_the_new_owner_once_it_own
         (int(str(e["t_ns"])), e["event"]) for e in events if e.get("bundle") == bundle
     )
     assert [event for _, event in timeline][:3] == ["own", "write", "release"]
+
+
+async def test_a_send_between_a_release_arriving_and_its_turn_waits_for_the_handover(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker stops serving a bundle when its Release arrives; the front carries it out when
+    the commands before it are done. A send in between is dropped (the client sends it again),
+    and its client is not sent to look the topic up: the Release sends it to the new owner."""
+    bundle, slow = LAYOUT[2], LAYOUT[0]
+    await rig.own(bundle)
+    topic = topic_in(bundle, "queued")
+    gate = asyncio.Event()
+    own = rig.front.own
+
+    async def slow_own(b: BundleId) -> str | None:
+        if b == slow:
+            await gate.wait()
+        return await own(b)
+
+    monkeypatch.setattr(rig.front, "own", slow_own)
+    client = await RawClient.open(rig.port)
+    try:
+        assert (await client.producer(topic)).type == Type.PRODUCER_SUCCESS
+        client.send_message(b"before")
+        await client.expect(Type.SEND_RECEIPT)
+        rig.next_command += 1
+        rig.session.to_send.put_nowait(
+            lbd_pb2.SidecarMessage(command_id=rig.next_command, own=lbd_pb2.OwnCommand(bundle=slow))
+        )
+        release = lbd_pb2.ReleaseCommand(
+            bundle=bundle,
+            new_owner_broker_id=OTHER,
+            new_owner=lbd_pb2.OwnerUrls(service_url=OTHER_URL),
+        )
+        ack = asyncio.ensure_future(rig.command(release=release))
+        await until(lambda: not rig.front.client.may_serve(bundle))
+        client.send_message(b"queued")
+        with pytest.raises(TimeoutError):
+            await client.expect_any((Type.SEND_RECEIPT, Type.CLOSE_PRODUCER), timeout_s=0.3)
+        gate.set()
+        assert (await ack).ok
+        rig.owned(bundle, OTHER)
+        close = await client.expect(Type.CLOSE_PRODUCER)
+        assert close.command.close_producer.assignedBrokerServiceUrl == OTHER_URL
+    finally:
+        await client.close()
+    assert await asyncio.to_thread(rig.stored, topic) == [b"before"]
 
 
 async def test_a_transfer_that_goes_elsewhere_sends_clients_to_look_it_up(rig: Rig) -> None:

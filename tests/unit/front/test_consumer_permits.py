@@ -28,6 +28,9 @@ class Services:
     def handle_lost(self, handle: Handle, why: str) -> None:
         raise AssertionError(why)
 
+    def unserved(self, handle: Handle) -> None:
+        raise AssertionError(f"{handle} not served")
+
     def traffic(self, topic: Topic) -> TopicTraffic:
         return self.book.of(topic)
 
