@@ -292,13 +292,25 @@ def is_alive(record: ProcessRecord) -> bool:
         return False
     except PermissionError:
         return False  # a pid reused by another user's process
-    stat_path = Path(f"/proc/{record.pid}/stat")
-    if stat_path.exists():
-        with contextlib.suppress(OSError, IndexError):
-            if stat_path.read_text().rpartition(")")[2].split()[0] == "Z":
-                return False
+    if _zombie(Path(f"/proc/{record.pid}")):
+        return False
     ticks = process_start_ticks(record.pid)
     return record.start_ticks is None or ticks is None or ticks == record.start_ticks
+
+
+def _zombie(proc: Path) -> bool:
+    """Whether every thread of the process at ``proc`` (``/proc/<pid>``) has exited. The main
+    thread of a process that is exiting shows as a zombie while its other threads still run,
+    holding its files (a storage server's lock among them) until the last of them is gone."""
+    try:
+        tasks = list((proc / "task").iterdir())
+    except OSError:
+        tasks = [proc]
+    for task in tasks:
+        with contextlib.suppress(OSError, IndexError):
+            if (task / "stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X"):
+                return False
+    return True
 
 
 def load_cluster(state_dir: Path) -> DevCluster:

@@ -157,7 +157,9 @@ def respawn(launch: Launch, log: Path, wait_up: Callable[[], bool], timeout_s: f
     respawned = Respawned(process)
     deadline = time.monotonic() + timeout_s
     while not wait_up():
-        if process.poll() is not None or time.monotonic() > deadline:
+        if (code := process.poll()) is not None:
+            raise RuntimeError(f"{launch.argv[0]} exited with code {code} on restart (see {log})")
+        if time.monotonic() > deadline:
             respawned.stop()
             raise RuntimeError(f"{launch.argv[0]} did not come back within {timeout_s:g}s")
         time.sleep(0.02)

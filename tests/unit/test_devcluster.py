@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +152,36 @@ def test_a_reused_pid_is_not_taken_for_the_recorded_process() -> None:
     if mine.start_ticks is None:
         pytest.skip("no /proc: start times are unknown here")
     assert not is_alive(ProcessRecord(os.getpid(), mine.start_ticks + 1, "x.log"))
+
+
+_MAIN_THREAD_EXITS = """
+import ctypes, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_whose_main_thread_exited_is_alive_while_another_thread_runs() -> None:
+    """A process exiting shows its main thread as a zombie while its other threads still run
+    and hold its files: a storage server's lock, which a restart must wait for."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("no /proc: threads are not listed here")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_THREAD_EXITS], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not exit"
+            time.sleep(0.01)
+        assert is_alive(record(child.pid))
+    finally:
+        child.kill()
+        child.communicate()
+    assert not is_alive(ProcessRecord(child.pid, None, "x.log"))
 
 
 def test_down_on_a_marked_dir_with_a_stale_record_cleans_it(tmp_path: Path) -> None:
