@@ -43,6 +43,12 @@ _log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 5.0
 """How long a closing storage connection waits for storage to close its side."""
 
+LINGER_AT_CLOSE_S = 1.0
+"""How long closing the pool (at shutdown) waits for the connections still closing."""
+
+_LINGERING: dict[asyncio.Transport, asyncio.AbstractEventLoop] = {}
+"""Storage connections shut for writing whose socket waits for storage to close its side."""
+
 PROTOCOL_VERSION = 20
 """The protocol version the front speaks to storage (and announces to clients at most)."""
 
@@ -233,7 +239,9 @@ class StorageLink(asyncio.Protocol):
                 self._out.flush()
             if transport.can_write_eof():
                 transport.write_eof()
-                asyncio.get_running_loop().call_later(CLOSE_WAIT_S, _abort_if_open, transport)
+                loop = asyncio.get_running_loop()
+                _LINGERING[transport] = loop
+                loop.call_later(CLOSE_WAIT_S, _abort_if_open, transport)
             else:
                 transport.close()  # TLS: its own close handshake ends it
         self._fail_requests("storage connection closed")
@@ -259,6 +267,8 @@ class StorageLink(asyncio.Protocol):
             self._dispatch(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            _LINGERING.pop(self._transport, None)
         self._transport = None
         self._lost(f"connection to storage lost: {exc}" if exc else "storage closed the connection")
 
@@ -304,8 +314,26 @@ class StorageLink(asyncio.Protocol):
 
 
 def _abort_if_open(transport: asyncio.Transport) -> None:
+    _LINGERING.pop(transport, None)
     if not transport.is_closing():
         transport.abort()
+
+
+def _lingering_in(loop: asyncio.AbstractEventLoop) -> list[asyncio.Transport]:
+    return [t for t, owner in _LINGERING.items() if owner is loop]
+
+
+async def _settle_lingering(timeout_s: float) -> None:
+    """Wait, at most ``timeout_s``, for this loop's closing storage connections to end; abort
+    the rest (the loop may stop before their own timer fires, and leave their sockets open)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    # connection_lost sets no event: polled, for one second at most, at shutdown only
+    while _lingering_in(loop) and loop.time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    mine = _lingering_in(loop)
+    for transport in mine:
+        _abort_if_open(transport)
 
 
 class StoragePool:
@@ -358,7 +386,8 @@ class StoragePool:
             self._idle.remove(slot[0])
 
     async def close(self) -> None:
-        """Close the idle links; idempotent."""
+        """Close the idle links, and wait (at most LINGER_AT_CLOSE_S) for the closing ones to
+        end; idempotent."""
         self._closed = True
         if self._filling is not None:
             self._filling.cancel()
@@ -367,6 +396,7 @@ class StoragePool:
         for link in self._idle:
             link.close()
         self._idle.clear()
+        await _settle_lingering(LINGER_AT_CLOSE_S)
 
 
 def _ignore(frame: Frame) -> None:
