@@ -273,15 +273,21 @@ def _optional_record(data: dict[str, object] | None) -> ProcessRecord | None:
     return None if data is None else ProcessRecord(**data)  # type: ignore[arg-type]
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), None if unknown."""
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/.../stat`` file after the command name (the state first); None
+    when it cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = stat.read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    return text.rpartition(")")[2].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), None if unknown."""
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
 
 
 def is_alive(record: ProcessRecord) -> bool:
@@ -307,9 +313,9 @@ def _zombie(proc: Path) -> bool:
     except OSError:
         tasks = [proc]
     for task in tasks:
-        with contextlib.suppress(OSError, IndexError):
-            if (task / "stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X"):
-                return False
+        fields = _stat_fields(task / "stat")
+        if fields and fields[0] not in ("Z", "X"):
+            return False
     return True
 
 

@@ -28,6 +28,7 @@ import logging
 import secrets
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -46,8 +47,11 @@ CLOSE_WAIT_S = 5.0
 LINGER_AT_CLOSE_S = 1.0
 """How long closing the pool (at shutdown) waits for the connections still closing."""
 
-_LINGERING: dict[asyncio.Transport, asyncio.AbstractEventLoop] = {}
-"""Storage connections shut for writing whose socket waits for storage to close its side."""
+_LINGERING: weakref.WeakKeyDictionary[asyncio.Transport, asyncio.AbstractEventLoop] = (
+    weakref.WeakKeyDictionary()
+)
+"""Storage connections shut for writing whose socket waits for storage to close its side (held
+weakly: one its loop left behind is collected, and warned about, as before)."""
 
 PROTOCOL_VERSION = 20
 """The protocol version the front speaks to storage (and announces to clients at most)."""
@@ -331,8 +335,7 @@ async def _settle_lingering(timeout_s: float) -> None:
     # connection_lost sets no event: polled, for one second at most, at shutdown only
     while _lingering_in(loop) and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    mine = _lingering_in(loop)
-    for transport in mine:
+    for transport in _lingering_in(loop):
         _abort_if_open(transport)
 
 
