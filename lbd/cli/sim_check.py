@@ -4,7 +4,9 @@
 each failing seed with what it violated and its fault schedule shrunk to the fewest faults that
 still fail; ``--seed S --trace`` replays one seed exactly and prints its trace. ``--mutation
 NAME`` plants one of the bugs of :mod:`lbd.simulation.mutations` and runs the search that finds
-it. Exit code 1 when any seed failed.
+it. After the seeds it prints how many reached each probe of :mod:`lbd.core.probes`. Exit code
+1 when any seed failed, or when a required probe was reached by fewer than its share of the
+seeds of a default world.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import logging
 import multiprocessing
 import os
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
 from lbd.core.errors import InvalidInputError
+from lbd.core.probes import PROBES, REQUIRED, REQUIRED_FROM_SEEDS
 from lbd.simulation.mutations import MUTATIONS
 from lbd.simulation.world import (
     FAULTS,
@@ -110,23 +114,60 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     seeds = range(args.first, args.first + args.seeds)
     failed: list[Outcome] = []
+    reached: Counter[str] = Counter()
     # Spawned, not forked: a fork of a process with threads (gRPC, the Pulsar client) can hang.
     with ProcessPoolExecutor(
         args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet
     ) as pool:
         for outcome in pool.map(_check, map(spec, seeds), chunksize=4):
+            reached.update(outcome.probes)
             if not outcome.ok:
                 failed.append(outcome)
                 _report(outcome)
     took = time.perf_counter() - started
     for outcome in failed[:SHRUNK_AT_MOST]:
         _report_shrunk(spec(outcome.seed), shrink(spec(outcome.seed), outcome))
+    judged = (
+        args.seeds >= REQUIRED_FROM_SEEDS
+        and not args.mutation
+        and faults is None
+        and args.virtual_s is None
+    )
+    short = _report_probes(reached, args.seeds, judged=judged)
     print(
         f"{args.seeds} seeds, {len(failed)} failed, {took:.1f}s "
         f"({args.seeds / took:.2f} seeds/s, {spec(0).virtual_s:g} virtual s each, "
         f"{args.jobs} processes)"
     )
-    return 1 if failed else 0
+    if short:
+        print(
+            f"{len(short)} required probe(s) reached by too few seeds: {', '.join(short)} "
+            "(the faults no longer reach what the safety argument counts on)"
+        )
+    return 1 if failed or short else 0
+
+
+def _report_probes(reached: Counter[str], seeds: int, *, judged: bool) -> list[str]:
+    """Print how many seeds reached each probe; the required ones reached by too few seeds
+    (only when ``judged``: a default world of enough seeds)."""
+    short = []
+    print("probes: seeds that reached each (lbd/core/probes.py)")
+    for name in sorted(PROBES, key=lambda n: (-reached[n], n)):
+        share = reached[name] / seeds
+        need = REQUIRED.get(name)
+        mark = ""
+        if need is not None:
+            mark = f"  required >= {need:.0%}"
+            if judged and share < need:
+                short.append(name)
+                mark += "  TOO FEW"
+        print(f"  {name:<24} {reached[name]:>6} {share:>6.1%}{mark}")
+    if not judged and REQUIRED:
+        print(
+            f"  (shares are judged only for at least {REQUIRED_FROM_SEEDS} seeds of the default "
+            "world: every fault, no mutation, the default virtual time)"
+        )
+    return short
 
 
 def _check(spec: WorldSpec) -> Outcome:

@@ -26,6 +26,7 @@ from lbd.core.bundles import bundle_id, parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
+from lbd.core.probes import probe
 
 
 class ServiceUnitState(enum.Enum):
@@ -515,6 +516,7 @@ def resolve(
             )
         return Verdict(True, Rule.TOMBSTONE, "tombstone")
     if new.force and new.leader_term is not None and new.leader_term < highest_term:
+        probe("term.stale_rejected")
         return Verdict(
             False,
             Rule.STALE_TERM,
@@ -532,6 +534,7 @@ def resolve(
     if verdict.accepted and cur is not None:
         problem = _server_change_problem(cur, new)
         if problem is not None:
+            probe("resolver.server_change")
             return Verdict(False, Rule.SERVER_CHANGE, f"{verdict.reason}: {problem}")
     return verdict
 
@@ -548,6 +551,7 @@ def _judge(cur: ServiceUnitStateData | None, new: ServiceUnitStateData) -> Verdi
         if new.version_id >= cur.version_id + 2 and (
             cur.state is not _S.Deleted or new.state is _S.Init
         ):
+            probe("resolver.version_gap")
             return Verdict(
                 True,
                 Rule.VERSION_GAP,

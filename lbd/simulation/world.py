@@ -42,6 +42,7 @@ from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
+from lbd.core import probes
 from lbd.core.broker import (
     BrokerInfo,
     BrokerMessage,
@@ -226,6 +227,8 @@ class Outcome:
     balancing: dict[str, int] = field(default_factory=dict)
     """What the load balancer did on its own: bundles the split scheduler split
     (``scheduled_splits``) and bundles the shedder unloaded or transferred (``shed``)."""
+    probes: frozenset[str] = frozenset()
+    """The probes of :mod:`lbd.core.probes` the run reached."""
 
     @property
     def ok(self) -> bool:
@@ -1083,15 +1086,18 @@ def run_seed(
     violation of its own, reported and shrunk like any other."""
     world = World(spec, faults, trace=trace)
     planted = MUTATIONS[spec.mutation].planted() if spec.mutation else contextlib.nullcontext()
-    with planted:
+    with planted, probes.recording() as hits:
         try:
-            return loop.run(world.clock, world.run)
+            outcome = loop.run(world.clock, world.run)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # a CancelledError too: the seed fails, the check goes on
             outcome = world.outcome
             outcome.violations.append(f"the run crashed: {type(e).__name__}: {e}".rstrip(": "))
-            return outcome
+    outcome.probes = frozenset(hits)
+    for name in probes.unknown(hits):
+        outcome.violations.append(f"probe {name!r} is not in lbd.core.probes.PROBES")
+    return outcome
 
 
 def search_spec(mutation: str, seed: int) -> WorldSpec:

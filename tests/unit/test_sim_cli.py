@@ -68,3 +68,32 @@ def test_sim_check_refuses_bad_arguments(
     assert main(["sim", "check", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lbd: error: ") and message in err
+
+
+def test_sim_check_prints_the_probes_each_seed_reached(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "check", "--seeds", "2", "--jobs", "1", "--virtual-s", "120"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "fence.channel_only" in line)
+    assert line.split()[1:3] == ["2", "100.0%"]
+    assert "judged only for at least 500 seeds" in out
+
+
+@pytest.mark.parametrize(
+    ("required", "code"), [({"fence.channel_only": 0.5}, 0), ({"orphan.returned": 0.5}, 1)]
+)
+def test_sim_check_fails_when_a_required_probe_is_reached_by_too_few_seeds(
+    required: dict[str, float],
+    code: int,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lbd.cli import sim_check
+
+    monkeypatch.setattr(sim_check, "REQUIRED", required)
+    monkeypatch.setattr(sim_check, "REQUIRED_FROM_SEEDS", 2)
+    assert main(["sim", "check", "--seeds", "2", "--jobs", "1"]) == code
+    out = capsys.readouterr().out
+    assert "2 seeds, 0 failed" in out
+    assert ("TOO FEW" in out) == bool(code)
+    if code:
+        assert "1 required probe(s) reached by too few seeds: orphan.returned" in out

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 
 from lbd.core.ids import BundleId
+from lbd.core.probes import probe
 from lbd.core.state import ServiceUnitStateData
 from lbd.core.table import ApplyResult, ChannelPosition, Outcome, StateTable
 from lbd.ports.channel import ChannelLog, ChannelMessage
@@ -306,6 +307,8 @@ class ChannelFollower:
             self._wake(result.key)
         if result.outcome is not Outcome.DUPLICATE:
             self._wake_positions()
+        else:
+            probe("channel.duplicate")
 
     def _wake(self, bundle: BundleId) -> None:
         value = self._table.get(bundle)

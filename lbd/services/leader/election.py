@@ -37,6 +37,7 @@ from typing import Protocol
 
 from lbd.core.errors import PreconditionError
 from lbd.core.ids import BrokerId
+from lbd.core.probes import probe
 from lbd.core.state import INT64_MAX
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
@@ -206,6 +207,7 @@ class LeaderElector:
             )
             return StepDown.NO_TERM_LEFT
         if ours != term:
+            probe("term.adopt")
             _log.warning(
                 "leader election: term %d won, but the channel has term %d: leading with "
                 "channel term %d",

@@ -56,6 +56,7 @@ from lbd.core.errors import DeadlineError, InvalidInputError, LbdError, NotFound
 from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.namespace import NamespaceRecord
+from lbd.core.probes import probe
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.table import StateTable
 from lbd.core.tuning import MonitorConfig
@@ -463,6 +464,7 @@ class OwnershipMonitor:
         """Check one bundle in ``sweep``, a failure logged and counted as the sweep's; False
         (and the sweep marked skipped) when the channel shows that this leader was deposed."""
         if self._deposed(sweep.term):
+            probe("monitor.deposed")
             sweep.skipped = f"the channel shows a term above {sweep.term}"
             return False
         try:
@@ -588,6 +590,7 @@ class OwnershipMonitor:
         if value.state is _S.Splitting and await self._split_progressed(bundle, value):
             if not await self._cut_layout(bundle, value):
                 return None
+            probe("split.finish")
             return await self._force(
                 bundle,
                 sweep,
@@ -608,6 +611,7 @@ class OwnershipMonitor:
                 self._written_at[bundle] = (at, dst, term)
                 self._due[bundle] = at + self._handover_wait_s
 
+            probe("orphan.announce")
             return await self._force(
                 bundle,
                 sweep,
@@ -632,10 +636,12 @@ class OwnershipMonitor:
         announced_s = now - seen
         wait_s = self._handover_wait_s
         if announced_s < wait_s:
+            probe("orphan.wait")
             sweep.handing_over[bundle] = announced_s
             self._due[bundle] = seen + wait_s
             return None
         if await self._registered_now(server, sweep):
+            probe("orphan.returned")
             return None  # it came back: its sidecar finishes the move itself
         dst = value.dst_broker
         if dst is None or dst not in sweep.live:
@@ -662,6 +668,7 @@ class OwnershipMonitor:
                     sweep.full.add(dst)
                 self._held[bundle] = value
                 return None
+        probe("orphan.handover")
         assigned = await self._force(
             bundle, sweep, "orphan", _S.Assigning, dst, server, reason, seen=value
         )
@@ -698,6 +705,7 @@ class OwnershipMonitor:
         if value.state is _S.Splitting and await self._split_progressed(bundle, value):
             if not await self._cut_layout(bundle, value):
                 return None
+            probe("split.finish")
             return await self._force(
                 bundle,
                 sweep,
@@ -711,6 +719,7 @@ class OwnershipMonitor:
         if value.state is _S.Assigning:
             # Its destination may have taken it: it releases it first, as in a transfer.
             stuck_on = value.dst_broker
+            probe("inflight.reassign")
             selection = await self._choose(bundle, sweep, avoid=stuck_on)
             return await self._force(
                 bundle,
@@ -723,6 +732,7 @@ class OwnershipMonitor:
                 seen=value,
             )
         # Releasing, or a split that never got further: its source still holds it; undone.
+        probe("inflight.undo")
         return await self._force(
             bundle,
             sweep,
@@ -818,6 +828,7 @@ class OwnershipMonitor:
     ) -> None:
         for broker in sorted(self._waiting - waiting.keys()):
             if broker in live:
+                probe("orphan.grace_kept")
                 _log.info("monitor: %s registered again: orphan cleanup cancelled", broker)
                 self._count("orphan", CANCEL)
         self._waiting = set(waiting)

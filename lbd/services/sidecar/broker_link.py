@@ -39,6 +39,7 @@ from lbd.core.broker import (
 )
 from lbd.core.errors import DeadlineError, InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.probes import probe
 from lbd.ports.clock import Clock
 from lbd.services.channel.deadlines import within
 from lbd.tasks import cancel_and_wait, guard
@@ -241,6 +242,7 @@ class BrokerLink:
         elif self._fenced:
             doubt = "fenced while owning"
         if doubt is not None:
+            probe("own.in_doubt")
             # It may hold the bundle all the same (an ack that timed out can still come): close
             # it, which the ordered stream delivers after the Own, so that no later lease makes
             # it serve a bundle this sidecar does not count as served.
@@ -338,6 +340,7 @@ class BrokerLink:
         with the command, it no longer serves the bundle once its lease ran out.
         """
         self._withheld += 1
+        probe("lease.wait_out")
         try:
             if self._granted_until is not None:
                 remaining = self._granted_until - self._clock.monotonic()
@@ -356,6 +359,7 @@ class BrokerLink:
         if request.lapses != self._lapses_seen:
             # The broker's lease ran out since its last request: it serves nothing now.
             self._lapses_seen = request.lapses
+            probe("lease.lapse_reported")
             self._served.clear()
             _log.warning("broker %s: its serving lease ran out; it owns nothing now", self._me)
             self._emit(LinkEvent(LinkEventKind.LAPSED, session.info))

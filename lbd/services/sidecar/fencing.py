@@ -35,6 +35,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from lbd.core.probes import probe
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
@@ -180,6 +181,7 @@ class Fence:
                     continue
             elif server_of(value) == me and not _announced_away(value):
                 continue
+            probe("grant.withheld")
             return False
         return True
 
@@ -194,7 +196,10 @@ class Fence:
             return False  # the leader may be handing the broker's bundles over
         began = self._barrier_began
         read_since = began is not None and began >= max(granted, registered)
-        return read_since and self._lease_stale_s() < self._fence_after_s
+        fresh = self._lease_stale_s() < self._fence_after_s
+        if fresh and began is not None and not read_since:
+            probe("fence.read_since_lease")  # a lease or registration replaced since it read
+        return read_since and fresh
 
     def _channel_vouches(self) -> bool:
         began = self._barrier_began
@@ -204,6 +209,7 @@ class Fence:
         """Look at both grounds now, fence or unfence; the new state."""
         lease, channel = self._lease_vouches(), self._channel_vouches()
         if not (lease or channel) and not self._fenced:
+            probe("fence.enter")
             self._set(True)
             self.fencings += 1
             self._metrics.fence_total.inc()
@@ -221,12 +227,14 @@ class Fence:
                 self._link.me,
                 "the lease was renewed" if lease else "the channel reads through again",
             )
+            probe("fence.exit")
             self._link.unfence()
             self._set(False)
         on_channel_only = channel and not lease and not self._fenced
         if on_channel_only != self._on_channel_only:
             self._on_channel_only = on_channel_only
             if on_channel_only:
+                probe("fence.channel_only")
                 _log.warning(
                     "broker %s: %s; vouching on the channel read barrier (no move of its "
                     "bundles can take effect unseen)",

@@ -26,6 +26,7 @@ from lbd.core.bundles import (
 )
 from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.probes import probe
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, state_of
 from lbd.core.tuning import SplitConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
@@ -238,6 +239,7 @@ class Operations:
             bundle, lambda v: state_of(v) is not _S.Splitting, self._settle_timeout_s
         )
         if state_of(settled) is not _S.Deleted:
+            probe("split.rolled_back")
             raise PreconditionError(
                 f"split of {bundle} did not complete: the bundle is {state_of(settled).value} "
                 "again (the leader rolled the stuck split back)"

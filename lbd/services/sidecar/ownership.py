@@ -24,6 +24,7 @@ from lbd.core.broker import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.probes import probe
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, server_of
 from lbd.core.table import ApplyResult
 from lbd.metrics import Metrics
@@ -192,6 +193,7 @@ class OwnershipReactor:
             served = self._link.served()
             for bundle in self._follower.table.owned_by(self._me):
                 if bundle not in served:
+                    probe("own.reoffer")
                     self._kick(bundle)
 
     # -- per-bundle work ---------------------------------------------------------------------
@@ -244,6 +246,7 @@ class OwnershipReactor:
         if wanted and not served and (blocker := self._overlapping_server(bundle)) is not None:
             # A split undone by the leader while its children were being written: the table
             # holds both. The parent is not served while another broker serves part of it.
+            probe("own.overlap_blocked")
             _log.warning("%s overlaps %s, served by %s: not taking it", bundle, *blocker)
         elif wanted and not served and not self._fenced:
             if not await self._link.own(bundle):
@@ -284,6 +287,8 @@ class OwnershipReactor:
 
     async def _release(self, bundle: BundleId, value: ServiceUnitStateData) -> None:
         if self._released.get(bundle) != value.version_id:
+            if value.force:
+                probe("orphan.self_release")  # the leader announced it away from this broker
             await self._close_overlapping(bundle)
             dst = value.dst_broker
             new_owner = None if dst is None else (self._registry.get(dst) or BrokerInfo(dst))
@@ -291,6 +296,7 @@ class OwnershipReactor:
             acked = await self._link.release(bundle, new_owner)
             self._metrics.release_latency.observe(self._clock.monotonic() - started)
             if not acked:
+                probe("release.ack_timeout")
                 self.release_timeouts += 1
                 self._metrics.release_ack_timeouts.inc()
                 _log.warning(

@@ -39,6 +39,7 @@ from dataclasses import replace
 
 from lbd.core.broker import BrokerInfo
 from lbd.core.maintenance import LEAVE_REASON_PREFIX, MaintenanceMode
+from lbd.core.probes import probe
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.cluster.maintenance import MaintenanceChange, MaintenanceView
@@ -142,6 +143,7 @@ class BrokerRegistration:
             quiet_s = self._clock.monotonic() - heard
             if quiet_s >= self._silence_timeout_s and not self._silent:
                 self._silent = True
+                probe("silence.deregister")
                 _log.warning(
                     "broker %s silent for %.1fs: deregistered, its bundles follow the orphan path",
                     info.broker_id,
