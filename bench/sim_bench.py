@@ -54,7 +54,7 @@ def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
     }
 
 
-def mutations(*, limit: int = 100) -> dict[str, float]:
+def mutations(*, limit: int = 200) -> dict[str, float]:
     """For each planted bug, the first seed of its search that finds it (0: not found within
     ``limit`` seeds)."""
     _quiet()

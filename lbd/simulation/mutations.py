@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from lbd.core import table
-from lbd.core.state import ServiceUnitStateData, Verdict, resolve
+from lbd.core.ids import BundleId
+from lbd.core.state import Rule, ServiceUnitStateData, Verdict, resolve
 from lbd.core.tuning import SidecarTimings
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.fencing import Fence
@@ -88,6 +90,54 @@ def _no_handover_wait(self: SidecarTimings) -> float:
     return 0.0
 
 
+_on_lease_request = BrokerLink._on_lease_request
+
+
+def _lapse_ignored(self: BrokerLink, request: Any, session: Any) -> None:
+    """A lease request handled as ever, but a lapse it reports leaves the bundles the sidecar
+    counts as served in place."""
+    served = set(self._served)
+    _on_lease_request(self, request, session)
+    self._served |= served
+
+
+async def _own_keeping_doubtful(self: BrokerLink, bundle: BundleId) -> bool:
+    """``_own`` that, when the outcome is in doubt, leaves the bundle with the broker instead
+    of closing it."""
+    lapses, session = self._lapses_seen, self._session
+    ack = await self._own_ack(bundle, session)
+    if ack is None or (session is not None and self._session is not session):
+        return False
+    if not ack.ok or self._lapses_seen != lapses or self._fenced:
+        return False
+    self._served.add(bundle)
+    return True
+
+
+async def _barrier_without_reading(self: Fence) -> None:
+    """A read barrier that vouches from the moment it began without reading anything."""
+    self._barrier_began = self._clock.monotonic()
+
+
+def _resolve_everything(
+    cur: ServiceUnitStateData | None, new: ServiceUnitStateData | None, *, highest_term: int
+) -> Verdict:
+    """``resolve`` that accepts every value: stale versions and forbidden transitions too."""
+    return Verdict(True, Rule.FORCED, "accepted without a check")
+
+
+def _wait_without_lease(self: SidecarTimings) -> float:
+    return self.channel_fence_after_s + self.lease_margin_s
+
+
+def _lease_vouches_forever(self: Fence) -> bool:
+    """The lease ground with its read-since check but without the bound on the lease's age."""
+    granted = self._metadata.lease_granted_monotonic
+    registered = self._registration.registered_since
+    began = self._barrier_began
+    return registered is not None and began is not None and began >= max(granted, registered)
+
+
 MUTATIONS: dict[str, Mutation] = {
     m.name: m
     for m in (
@@ -136,11 +186,66 @@ MUTATIONS: dict[str, Mutation] = {
             faults=("pause-sidecar", "pause-broker"),
             mean_fault_gap_s=5.0,
             fault_s=(1.0, 10.0),
+            virtual_s=240.0,
         ),
         Mutation(
             "no-term-check",
             "a forced write from a deposed leader's term is applied",
             patches=((table, "resolve", _resolve_ignoring_forced_terms),),
+        ),
+        Mutation(
+            "lapse-ignored",
+            "a broker's report that its serving lease ran out leaves its sidecar counting every "
+            "bundle it had as served: none is offered to it again, and they stay unserved",
+            patches=((BrokerLink, "_on_lease_request", _lapse_ignored),),
+            faults=("pause-broker", "pause-sidecar"),
+            mean_fault_gap_s=10.0,
+            fault_s=(1.0, 20.0),
+        ),
+        Mutation(
+            "doubtful-own-kept",
+            "an Own whose outcome is in doubt is not followed by a Close: the broker may hold a "
+            "bundle its sidecar does not count, and serve it under the next lease after the "
+            "bundle moved on",
+            patches=((BrokerLink, "_own", _own_keeping_doubtful),),
+            faults=("pause-broker", "pause-sidecar", "transfer", "unload"),
+            mean_fault_gap_s=5.0,
+            fault_s=(1.0, 10.0),
+            virtual_s=240.0,
+        ),
+        Mutation(
+            "barrier-without-read",
+            "the channel read barrier vouches without reading the channel: a sidecar cut off "
+            "from etcd and the channel keeps its broker serving bundles handed over meanwhile",
+            patches=((Fence, "_barrier", _barrier_without_reading),),
+            faults=("isolate-sidecar",),
+            mean_fault_gap_s=10.0,
+            fault_s=(10.0, 40.0),
+        ),
+        Mutation(
+            "no-resolver",
+            "every sidecar applies every value of the channel: stale versions and forbidden "
+            "transitions included (a late write lands on a newer value)",
+            patches=((table, "resolve", _resolve_everything),),
+        ),
+        Mutation(
+            "wait-without-lease",
+            "the hand-over wait leaves out the serving lease (the channel window and the margin "
+            "only): a cut-off sidecar's broker still holds a lease granted before it stopped "
+            "vouching when the new owner is told",
+            patches=((SidecarTimings, "handover_wait_s", property(_wait_without_lease)),),
+            faults=("isolate-sidecar", "pause-sidecar"),
+            timings={"serving_lease_s": 20.0, "silence_timeout_s": 30.0},
+            orphan_grace_s=2.0,
+        ),
+        Mutation(
+            "lease-ground-unbounded",
+            "a sidecar vouches on its etcd lease however long ago it was last renewed: cut off "
+            "from etcd and the channel, it keeps its broker serving bundles handed over meanwhile",
+            patches=((Fence, "_lease_vouches", _lease_vouches_forever),),
+            faults=("isolate-sidecar",),
+            mean_fault_gap_s=10.0,
+            fault_s=(10.0, 40.0),
         ),
         Mutation(
             "no-handover-wait",
