@@ -1,6 +1,7 @@
 """Lookups: topic -> bundle -> owner, assigning the bundle when it has no owner.
 
-An Owned bundle is answered from the table and the registry at once. Otherwise the lookup waits
+An Owned bundle is answered from the table and the registry at once, and so is a Splitting one
+(with its source, which serves it until the children are Owned). Otherwise the lookup waits
 (within ``assignment.settle_timeout_s``) for the bundle to settle; an Init or Free bundle is first
 assigned by the :class:`~lbd.services.cluster.assigner.Assigner`, which chooses a broker and
 proposes ``Assigning(dst)``. The destination's sidecar then tells its broker to Own the bundle and,
@@ -57,8 +58,9 @@ LOCATED_LIMIT = 100_000
 class LookupResult:
     """A topic's bundle, its state, and its owner (when Owned).
 
-    ``owner_id`` is set for an Owned bundle; ``owner`` is the owner's registration, None when the
-    owner is not (or no longer) registered.
+    ``owner_id`` is set for an Owned bundle, and for a Splitting one (its source, which serves it
+    until the children are Owned); ``owner`` is that broker's registration, None when it is not
+    (or no longer) registered.
     """
 
     bundle: BundleId
@@ -163,6 +165,11 @@ class LookupService:
             value = self._follower.get(bundle)
             if value is not None and value.state is _S.Owned:
                 return self._answer(bundle, value)
+            if value is not None and value.state is _S.Splitting and value.source_broker:
+                # Its source serves it until the children are Owned (as Pulsar answers a
+                # Splitting bundle): a split that cannot finish (the metadata store unreachable,
+                # say) must not leave its topics without an answer until it is rolled back.
+                return self._answer(bundle, value, value.source_broker)
             state = state_of(value)
             if state is _S.Deleted:
                 await self._namespaces.refresh(namespace)
@@ -175,8 +182,12 @@ class LookupService:
             f"({MAX_LAYOUT_RETRIES} reads)"
         )
 
-    def _answer(self, bundle: BundleId, value: ServiceUnitStateData) -> LookupResult:
-        owner = value.dst_broker
+    def _answer(
+        self, bundle: BundleId, value: ServiceUnitStateData, server: BrokerId | None = None
+    ) -> LookupResult:
+        """The answer for ``bundle`` at ``value``: its owner, or ``server`` when given (the
+        source of a split)."""
+        owner = value.dst_broker if server is None else server
         if owner == self._me and self._fence.fenced:
             raise UnavailableError(
                 f"bundle {bundle} is owned by {owner}, whose sidecar is fenced (its metadata "

@@ -5,9 +5,9 @@ import collections
 
 import pytest
 from harness import DEFAULT_NAMESPACE, Harness
-from rig import let_run
+from rig import let_run, turns
 
-from lbd.core.bundles import NamespaceBundles
+from lbd.core.bundles import NamespaceBundles, bundle_id, parse_bundle_id
 from lbd.core.errors import DeadlineError, InvalidInputError, NotFoundError
 from lbd.core.ids import BrokerId
 from lbd.core.load import BrokerUsage, ResourceUsage
@@ -207,6 +207,41 @@ async def test_a_split_bundle_is_found_through_the_refreshed_layout() -> None:
             b.namespaces.cached(DEFAULT_NAMESPACE).boundaries
             == (await b.namespaces.refresh(DEFAULT_NAMESPACE)).boundaries
         )
+
+
+async def test_a_splitting_bundle_is_answered_with_its_source_at_once() -> None:
+    async with Harness() as h:
+        a, b = await h.start(2)
+        first = await a.lookup.lookup(TOPIC)
+        await h.idle()
+        source = first.owner_id
+        assert source is not None
+        parent = parse_bundle_id(first.bundle)
+        middle = (parent.range.lo + parent.range.hi) // 2
+        children = (
+            bundle_id(parent.namespace, parent.range.lo, middle),
+            bundle_id(parent.namespace, middle, parent.range.hi),
+        )
+        # A split its source cannot finish (say the metadata store is unreachable): the bundle
+        # stays Splitting until the leader rolls it back, and its source serves it meanwhile.
+        h[source].metadata.set_cut_off(True)
+        await h[source].proposer.propose(
+            first.bundle,
+            ServiceUnitState.Splitting,
+            src=source,
+            split_children=dict.fromkeys(children, source),
+        )
+        splitting = ServiceUnitState.Splitting
+        await turns(lambda: all(s.follower.get(first.bundle).state is splitting for s in (a, b)))
+        for sidecar in (a, b):
+            async with asyncio.timeout(0.5):
+                result = await sidecar.lookup.lookup(TOPIC)
+            assert (result.bundle, result.state, result.owner_id) == (
+                first.bundle,
+                ServiceUnitState.Splitting,
+                source,
+            )
+            assert result.owner is not None and result.owner.broker_id == source
 
 
 async def test_safe_mode_answers_owned_bundles_but_assigns_nothing() -> None:
