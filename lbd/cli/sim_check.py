@@ -157,7 +157,7 @@ def _report_probes(reached: Counter[str], seeds: int, *, judged: bool) -> list[s
         need = REQUIRED.get(name)
         mark = ""
         if need is not None:
-            mark = f"  required >= {need:.0%}"
+            mark = f"  required >= {need:.1%}"
             if judged and share < need:
                 short.append(name)
                 mark += "  TOO FEW"

@@ -207,6 +207,9 @@ class Operations:
             raise PreconditionError(
                 f"bundle {bundle} is owned by {owner}: split it on that broker's sidecar"
             )
+        # A split ends by cutting the namespace layout in the store: started while the store is
+        # unreachable, it would stay Splitting until the leader rolled it back.
+        self._reachable("split a bundle (its namespace layout is in the store)")
         parsed = parse_bundle_id(bundle)
         record = await self._namespaces.get(parsed.namespace)
         topics = self._topics(bundle, parsed.range)

@@ -16,6 +16,7 @@ from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
 from lbd.core.state import MAX_SPLIT_CHILDREN, ServiceUnitState
 from lbd.core.tuning import MonitorConfig
+from lbd.ports.errors import UnavailableError
 
 S = ServiceUnitState
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)
@@ -176,6 +177,26 @@ async def test_split_range_equally_divide_gives_children_to_the_owner() -> None:
         assert h.kinds(B0) == [("a", "own"), ("a", "close")]
         assert a.broker.serving == set(outcome.children)
         assert h.violations == []
+
+
+async def test_no_split_starts_while_the_metadata_store_is_unreachable() -> None:
+    async with Harness() as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await owned_by(h, B0, "a")
+        h.metadata.set_reachable(False)
+        await h.clock.run_for(h.timing.keepalive_interval_s + 0.1, step=0.5)
+        assert not a.registry.reachable
+        written = len(h.log)
+        with pytest.raises(UnavailableError, match=r"safe mode.*split a bundle"):
+            await a.operations.split(B0, "range_equally_divide")
+        assert len(h.log) == written  # no Splitting was written
+        assert a.follower.get(B0).state is S.Owned
+        h.metadata.set_reachable(True)
+        await h.clock.run_for(h.timing.keepalive_interval_s + 0.1, step=0.5)
+        outcome = await a.operations.split(B0, "range_equally_divide")
+        assert len(outcome.children) == 2
 
 
 async def test_split_specified_positions_divide_cuts_at_the_given_boundaries() -> None:
