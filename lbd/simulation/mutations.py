@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,17 +101,8 @@ def _lapse_ignored(self: BrokerLink, request: Any, session: Any) -> None:
     self._served |= served
 
 
-async def _own_keeping_doubtful(self: BrokerLink, bundle: BundleId) -> bool:
-    """``_own`` that, when the outcome is in doubt, leaves the bundle with the broker instead
-    of closing it."""
-    lapses, session = self._lapses_seen, self._session
-    ack = await self._own_ack(bundle, session)
-    if ack is None or (session is not None and self._session is not session):
-        return False
-    if not ack.ok or self._lapses_seen != lapses or self._fenced:
-        return False
-    self._served.add(bundle)
-    return True
+async def _no_close_in_doubt(self: BrokerLink, bundle: BundleId, doubt: str) -> None:
+    """An Own in doubt leaves the bundle with the broker instead of closing it."""
 
 
 async def _barrier_without_reading(self: Fence) -> None:
@@ -130,12 +121,37 @@ def _wait_without_lease(self: SidecarTimings) -> float:
     return self.channel_fence_after_s + self.lease_margin_s
 
 
-def _lease_vouches_forever(self: Fence) -> bool:
-    """The lease ground with its read-since check but without the bound on the lease's age."""
-    granted = self._metadata.lease_granted_monotonic
-    registered = self._registration.registered_since
-    began = self._barrier_began
-    return registered is not None and began is not None and began >= max(granted, registered)
+def _lease_never_stale(self: Fence) -> float:
+    """The lease's age as the lease ground sees it: never any."""
+    return 0.0
+
+
+def _cut_off(name: str, what: str, patch: tuple[object, str, object]) -> Mutation:
+    """A bug searched for with sidecars cut off from etcd and the channel for 10 to 40 s: the
+    grounds to vouch are all a cut-off sidecar has to stop its broker serving."""
+    return Mutation(
+        name,
+        what,
+        patches=(patch,),
+        faults=("isolate-sidecar",),
+        mean_fault_gap_s=10.0,
+        fault_s=(10.0, 40.0),
+    )
+
+
+def _handover_wait(name: str, what: str, wait: Callable[[SidecarTimings], float]) -> Mutation:
+    """A bug of the hand-over wait, searched for with its second margin taken away. The grace is
+    kept longer than fencing plus the serving lease as a second margin: the search takes that
+    margin away (a short grace, a long serving lease) to show what the hand-over wait alone
+    does."""
+    return Mutation(
+        name,
+        what,
+        patches=((SidecarTimings, "handover_wait_s", property(wait)),),
+        faults=("isolate-sidecar", "pause-sidecar"),
+        timings={"serving_lease_s": 20.0, "silence_timeout_s": 30.0},
+        orphan_grace_s=2.0,
+    )
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -168,15 +184,12 @@ MUTATIONS: dict[str, Mutation] = {
             mean_fault_gap_s=10.0,
             fault_s=(1.0, 60.0),
         ),
-        Mutation(
+        _cut_off(
             "channel-window",
             "a sidecar vouches on a channel read barrier for ten times the channel window: cut "
             "off from etcd and the channel, it keeps its broker serving past the leader's "
             "hand-over wait",
-            patches=((Fence, "_channel_vouches", _channel_vouches_too_long),),
-            faults=("isolate-sidecar",),
-            mean_fault_gap_s=10.0,
-            fault_s=(10.0, 40.0),
+            (Fence, "_channel_vouches", _channel_vouches_too_long),
         ),
         Mutation(
             "no-reown",
@@ -207,20 +220,17 @@ MUTATIONS: dict[str, Mutation] = {
             "an Own whose outcome is in doubt is not followed by a Close: the broker may hold a "
             "bundle its sidecar does not count, and serve it under the next lease after the "
             "bundle moved on",
-            patches=((BrokerLink, "_own", _own_keeping_doubtful),),
+            patches=((BrokerLink, "_close_in_doubt", _no_close_in_doubt),),
             faults=("pause-broker", "pause-sidecar", "transfer", "unload"),
             mean_fault_gap_s=5.0,
             fault_s=(1.0, 10.0),
             virtual_s=240.0,
         ),
-        Mutation(
+        _cut_off(
             "barrier-without-read",
             "the channel read barrier vouches without reading the channel: a sidecar cut off "
             "from etcd and the channel keeps its broker serving bundles handed over meanwhile",
-            patches=((Fence, "_barrier", _barrier_without_reading),),
-            faults=("isolate-sidecar",),
-            mean_fault_gap_s=10.0,
-            fault_s=(10.0, 40.0),
+            (Fence, "_barrier", _barrier_without_reading),
         ),
         Mutation(
             "no-resolver",
@@ -228,36 +238,24 @@ MUTATIONS: dict[str, Mutation] = {
             "transitions included (a late write lands on a newer value)",
             patches=((table, "resolve", _resolve_everything),),
         ),
-        Mutation(
+        _handover_wait(
             "wait-without-lease",
             "the hand-over wait leaves out the serving lease (the channel window and the margin "
             "only): a cut-off sidecar's broker still holds a lease granted before it stopped "
             "vouching when the new owner is told",
-            patches=((SidecarTimings, "handover_wait_s", property(_wait_without_lease)),),
-            faults=("isolate-sidecar", "pause-sidecar"),
-            timings={"serving_lease_s": 20.0, "silence_timeout_s": 30.0},
-            orphan_grace_s=2.0,
+            _wait_without_lease,
         ),
-        Mutation(
+        _cut_off(
             "lease-ground-unbounded",
             "a sidecar vouches on its etcd lease however long ago it was last renewed: cut off "
             "from etcd and the channel, it keeps its broker serving bundles handed over meanwhile",
-            patches=((Fence, "_lease_vouches", _lease_vouches_forever),),
-            faults=("isolate-sidecar",),
-            mean_fault_gap_s=10.0,
-            fault_s=(10.0, 40.0),
+            (Fence, "_lease_stale_s", _lease_never_stale),
         ),
-        Mutation(
+        _handover_wait(
             "no-handover-wait",
             "the leader hands a gone broker's bundle over as soon as it announced the move, "
             "not after the hand-over wait",
-            patches=((SidecarTimings, "handover_wait_s", property(_no_handover_wait)),),
-            faults=("isolate-sidecar", "pause-sidecar"),
-            # The grace is kept longer than fencing plus the serving lease as a second margin:
-            # the search takes that margin away (a short grace, a long serving lease) to show
-            # what the hand-over wait alone does.
-            timings={"serving_lease_s": 20.0, "silence_timeout_s": 30.0},
-            orphan_grace_s=2.0,
+            _no_handover_wait,
         ),
     )
 }

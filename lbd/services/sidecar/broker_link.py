@@ -242,14 +242,18 @@ class BrokerLink:
         elif self._fenced:
             doubt = "fenced while owning"
         if doubt is not None:
-            probe("own.in_doubt")
-            # It may hold the bundle all the same (an ack that timed out can still come): close
-            # it, which the ordered stream delivers after the Own, so that no later lease makes
-            # it serve a bundle this sidecar does not count as served.
-            await self.close_bundle(bundle, doubt)
+            await self._close_in_doubt(bundle, doubt)
             return False
         self._served.add(bundle)
         return True
+
+    async def _close_in_doubt(self, bundle: BundleId, doubt: str) -> None:
+        """Close ``bundle``, whose Own's outcome is in doubt: the broker may hold it all the
+        same (an ack that timed out can still come), and the ordered stream delivers the Close
+        after the Own, so that no later lease makes it serve a bundle this sidecar does not
+        count as served."""
+        probe("own.in_doubt")
+        await self.close_bundle(bundle, doubt)
 
     async def _own_ack(self, bundle: BundleId, session: _Session | None) -> CommandAck | None:
         """The broker's answer to an Own of ``bundle``: alone, or in a batch with the Owns
