@@ -21,7 +21,11 @@ an unload, a split, a drain, a rolling restart, kills, pauses and outages: faile
 duplicated messages, latencies, lookups per event; and one front's overhead), ``assign``
 (new-bundle assignments one at a time and in bulk, on a dev cluster it starts itself), ``split``
 (one bundle split into 5,000 children, against the split's deadline), ``scale`` (100 brokers with
-1k, 10k and 100k bundles, dev and default timings: lookups, memory, idle CPU, catch-up).
+1k, 10k and 100k bundles, dev and default timings: lookups, memory, idle CPU, catch-up),
+``partitions`` (one broker host's links cut, slowed or made flaky under real clients: a sidecar
+from etcd only and from the channel only, a broker from its sidecar, the leader from the channel,
+a host from the servers, flaky links; what the clients lost and how soon the cluster was whole
+again).
 
 The suites in ``FIGURE_SUITES`` also give figures, each set against a baseline: measured in the
 same run where there is one (the lookup suite's trivial grpc.aio server), else the goal. After
@@ -47,6 +51,7 @@ from bench import (
     lookup_bench,
     operating_bench,
     outage_bench,
+    partitions_bench,
     recovery_bench,
     scale_bench,
     security_bench,
@@ -78,6 +83,7 @@ SUITES = (
     "sim",
     "security",
     "clients",
+    "partitions",
 )
 FIGURE_SUITES = (
     "lookup",
@@ -88,6 +94,7 @@ FIGURE_SUITES = (
     "split",
     "scale",
     "clients",
+    "partitions",
 )
 """The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
 here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
@@ -203,7 +210,7 @@ def main() -> None:
             result = sim_bench.run(seeds=seeds)
         console.print(measurements_table("deterministic simulation (lbd sim check)", result))
         with console.status("simulation: searching for each planted bug..."):
-            found = sim_bench.mutations(limit=20 if args.quick else 100)
+            found = sim_bench.mutations(limit=20 if args.quick else 200)
         console.print(measurements_table("planted bugs: first seed that finds each", found))
     if "security" in suites:
         lookups = 1_000 if args.quick else 4_000
@@ -219,6 +226,12 @@ def main() -> None:
         if clients.overhead is not None:
             console.print(clients_bench.overhead_table(clients.overhead))
         figures += clients_bench.figures(clients)
+    if "partitions" in suites:
+        scale = 0.25 if args.quick else 1.0
+        with console.status("partitions: links cut one scenario at a time under real clients..."):
+            partitions = partitions_bench.run(scale=scale)
+        console.print(partitions_bench.table(partitions))
+        figures += partitions_bench.figures(partitions)
     if figures:
         console.print(figures_table("figures against their baselines", figures))
 

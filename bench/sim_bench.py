@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from rich.console import Console
 
 from bench.report import measurements_table
+from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
-from lbd.simulation.world import WorldSpec, run_seed, search_spec
+from lbd.simulation.world import WorldSpec, run_seed
 
 VIRTUAL_S = 600.0
-
-
-def _quiet() -> None:
-    logging.disable(logging.CRITICAL)
 
 
 def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
@@ -36,8 +30,7 @@ def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
     jobs = jobs or os.cpu_count() or 1
     specs = [WorldSpec(seed, virtual_s=VIRTUAL_S) for seed in range(1, seeds + 1)]
     check = functools.partial(run_seed, trace=False)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet) as pool:
+    with search.pool(jobs) as pool:
         list(pool.map(check, specs[:jobs]))  # start the workers (imports) before timing
         started = time.perf_counter()
         outcomes = list(pool.map(check, specs, chunksize=4))
@@ -54,17 +47,14 @@ def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
     }
 
 
-def mutations(*, limit: int = 200) -> dict[str, float]:
+def mutations(*, limit: int = 200, jobs: int | None = None) -> dict[str, float]:
     """For each planted bug, the first seed of its search that finds it (0: not found within
     ``limit`` seeds)."""
-    _quiet()
     found: dict[str, float] = {}
-    for name in sorted(MUTATIONS):
-        found[f"{name}: found at seed"] = 0.0
-        for seed in range(1, limit + 1):
-            if not run_seed(search_spec(name, seed), trace=False).ok:
-                found[f"{name}: found at seed"] = float(seed)
-                break
+    with search.pool(jobs) as workers:
+        for name in sorted(MUTATIONS):
+            seed = search.first_failing(name, limit, workers)
+            found[f"{name}: found at seed"] = float(seed or 0)
     return found
 
 
@@ -80,7 +70,7 @@ def main() -> None:
     console.print(measurements_table("deterministic simulation", result))
     with console.status("planted bugs: searching..."):
         found = mutations()
-    console.print(measurements_table("planted bugs (0: not found in 100 seeds)", found))
+    console.print(measurements_table("planted bugs (0: not found in 200 seeds)", found))
 
 
 if __name__ == "__main__":

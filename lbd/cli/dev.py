@@ -21,6 +21,7 @@ from lbd.devcluster.cluster import (
     load_cluster,
     up,
 )
+from lbd.devcluster.links import Mode, link_status, set_links
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +50,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a throwaway CA; TLS and auth for etcd, mutual TLS and roles for the sidecars' API",
     )
     p.add_argument(
+        "--links",
+        action="store_true",
+        help="every link between the processes behind a proxy that `lbd dev link` can cut, "
+        "slow or make flaky (network partitions)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -57,6 +64,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a sidecar setting on top of the dev cluster's settings (repeatable)",
     )
     p.set_defaults(func=run_up)
+
+    p = verbs.add_parser(
+        "link",
+        help="cut, slow, stall or restore links of a cluster started with --links",
+        description="Without a mode, print every link. A cut link passes nothing either way "
+        "and closes nothing, as a network partition; a slow one delays every chunk; a flaky "
+        "one passes for a period, then stalls for as long, in turn.",
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
+    p.add_argument("names", nargs="*", metavar="LINK", help="e.g. broker-1/etcd (see the list)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--cut", action="store_true", help="pass nothing either way")
+    mode.add_argument("--restore", action="store_true", help="pass everything again")
+    mode.add_argument("--slow", type=float, metavar="SECONDS", help="delay every chunk")
+    mode.add_argument("--flaky", type=float, metavar="SECONDS", help="pass, then stall, in turn")
+    p.set_defaults(func=run_link)
 
     p = verbs.add_parser("down", help="stop the local cluster (idempotent)")
     p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
@@ -87,10 +110,47 @@ def run_up(args: argparse.Namespace) -> int:
         traffic=args.traffic,
         secure=args.secure,
         sim_brokers=args.sim_brokers,
+        links=args.links,
     ).with_overrides(args.settings)
     print(f"starting {spec.brokers} sidecars and brokers in {args.state_dir} ...", flush=True)
     cluster = up(args.state_dir, spec)
     print(usage(cluster, args.state_dir))
+    return 0
+
+
+def run_link(args: argparse.Namespace) -> int:
+    """Set the named links' mode, or print every link."""
+    cluster = load_cluster(args.state_dir)
+    if not cluster.links_control:
+        raise InvalidInputError(
+            f"the dev cluster in {args.state_dir} has no links to cut: start it with "
+            "`lbd dev up --links`"
+        )
+    chosen = args.cut or args.restore or args.slow is not None or args.flaky is not None
+    if chosen and not args.names:
+        raise InvalidInputError("name the links to change (e.g. broker-1/etcd)")
+    if args.names and not chosen:
+        raise InvalidInputError("choose --cut, --restore, --slow SECONDS or --flaky SECONDS")
+    if chosen:
+        mode: Mode = (
+            "cut" if args.cut else "up" if args.restore else "slow" if args.slow else "flaky"
+        )
+        status = set_links(
+            cluster.links_control,
+            args.names,
+            mode,
+            delay_s=args.slow or 0.0,
+            period_s=args.flaky or 1.0,
+        )
+    else:
+        status = link_status(cluster.links_control)
+    for name, link in status.items():
+        extra = {"slow": f" {link.get('delay_s')} s", "flaky": f" {link.get('period_s')} s"}
+        mode_text = f"{link['mode']}{extra.get(str(link['mode']), '')}"
+        print(
+            f"{name:<20} {mode_text:<12} -> {link['target']:<21} "
+            f"{link['connections']} connections, {link['bytes']} bytes"
+        )
     return 0
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import multiprocessing
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.probes import PROBES, REQUIRED, REQUIRED_FROM_SEEDS
+from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
 from lbd.simulation.world import (
     FAULTS,
@@ -79,10 +78,6 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-def _quiet() -> None:
-    logging.disable(logging.CRITICAL)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the seeds; 0 when every one held every invariant."""
     faults = None if args.faults is None else tuple(k for k in args.faults.split(",") if k)
@@ -115,10 +110,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = range(args.first, args.first + args.seeds)
     failed: list[Outcome] = []
     reached: Counter[str] = Counter()
-    # Spawned, not forked: a fork of a process with threads (gRPC, the Pulsar client) can hang.
-    with ProcessPoolExecutor(
-        args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet
-    ) as pool:
+    with search.pool(args.jobs) as pool:
         for outcome in pool.map(_check, map(spec, seeds), chunksize=4):
             reached.update(outcome.probes)
             if not outcome.ok:

@@ -98,6 +98,9 @@ class DevClusterSpec:
     sim_brokers: bool = False
     """Simulated brokers (synthetic load, no clients) instead of broker fronts: for the
     benchmarks of thousands of bundles."""
+    links: bool = False
+    """Every link between the cluster's processes behind a proxy that can cut it
+    (:mod:`lbd.devcluster.links`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.brokers <= 32:
@@ -120,6 +123,7 @@ class DevClusterSpec:
             self.namespace_bundles,
             self.secure,
             self.sim_brokers,
+            self.links,
         )
 
     def to_args(self) -> list[str]:
@@ -131,6 +135,8 @@ class DevClusterSpec:
             args.append("--secure")
         if self.sim_brokers:
             args.append("--sim-brokers")
+        if self.links:
+            args.append("--links")
         args.extend(f"--set={k}={v}" for k, v in self.settings.items())
         return args
 
@@ -187,6 +193,11 @@ class DevCluster:
     pulsar_client: dict[str, str] = field(default_factory=dict)
     """How a Pulsar client reaches the brokers of a secure cluster: ``ca_file``, ``cert_file``,
     ``key_file``; empty for plaintext."""
+    links_control: str = ""
+    """With ``--links``: the control address of the links' proxies (``lbd dev link``)."""
+    links: dict[str, str] = field(default_factory=dict)
+    """With ``--links``: each link's name and the server it leads to."""
+    links_process: ProcessRecord | None = None
 
     @property
     def service_url(self) -> str:
@@ -220,12 +231,13 @@ class DevCluster:
         raise NotFoundError(f"no broker {broker_id!r} in the dev cluster (brokers: {known})")
 
     def processes(self) -> list[ProcessRecord]:
-        """Every process, in stopping order: load, brokers, sidecars, storage, pulsar-lite,
-        etcd."""
+        """Every process, in stopping order: load, brokers, sidecars, links, storage,
+        pulsar-lite, etcd."""
         return [
             *([self.load] if self.load is not None else []),
             *(n.broker for n in self.nodes),
             *(n.sidecar for n in self.nodes),
+            *([self.links_process] if self.links_process is not None else []),
             *([self.storage] if self.storage is not None else []),
             self.pulsar,
             self.etcd,
@@ -264,6 +276,9 @@ class DevCluster:
                 storage=_optional_record(data.get("storage")),
                 load=_optional_record(data.get("load")),
                 pulsar_client=dict(data.get("pulsar_client", {})),
+                links_control=data.get("links_control", ""),
+                links=dict(data.get("links", {})),
+                links_process=_optional_record(data.get("links_process")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"not a dev cluster record: {e}") from None

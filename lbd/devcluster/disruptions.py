@@ -32,6 +32,7 @@ from lbd.core.errors import LbdError
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.cluster import DevCluster, is_alive
 from lbd.devcluster.faults import Launch, Respawned, freeze, kill, respawn
+from lbd.devcluster.links import Mode, set_links
 from lbd.devcluster.processes import client_tls_context, health_serving
 from lbd.devcluster.servers import pulsar_handshake
 from lbd.devcluster.serving import (
@@ -73,6 +74,11 @@ class EventFigures:
     resume_s: float | None = None
     """Failovers: the longest time from a bundle being Owned again to its producer's next
     receipt."""
+    recovery_s: float | None = None
+    """Partitions: from the links' return until the cluster was whole again
+    (:meth:`ClientHarness.partition`)."""
+    moved: int | None = None
+    """Partitions: bundles Owned before whose owner changed by the window's end."""
 
     @property
     def lookups_per_topic(self) -> float:
@@ -100,6 +106,8 @@ class _Window:
     fault_ns: int | None = None
     victim: str | None = None
     bundles: tuple[str, ...] = ()
+    recovery_s: float | None = None
+    moved: int | None = None
 
 
 @dataclass(slots=True)
@@ -216,6 +224,8 @@ class ClientHarness:
                     affected_topics=len(w.topics),
                     note=w.note,
                     resume_s=self._resume_s(w, events) if w.fault_ns is not None else None,
+                    recovery_s=w.recovery_s,
+                    moved=w.moved,
                 )
             )
         intervals = serving_intervals(events, self.killed_at_ns)
@@ -406,6 +416,65 @@ class ClientHarness:
             w.note = f"{len(self.owners())} bundles Owned after"
 
         self.event(f"etcd paused {seconds:g} s", act, topics=self.traffic.spec.topics)
+
+    def partition(
+        self,
+        name: str,
+        links: Callable[[str], list[str]],
+        seconds: float,
+        *,
+        victim: str | None = None,
+        mode: Mode = "cut",
+        period_s: float = 1.0,
+    ) -> None:
+        """Links of one broker's host cut (or made flaky) for ``seconds``, then restored
+        (``lbd dev up --links``). ``links(broker)`` names them; the broker is ``victim`` or the
+        one with the most traffic topics. The window's note says what moved while the links were
+        down, and how long after they returned every bundle was Owned by a registered broker
+        again with every sidecar listing every broker (:attr:`EventFigures.recovery_s`)."""
+        if not self.cluster.links_control:
+            raise LbdError("the dev cluster has no links to cut: start it with --links")
+        broker = victim or self._busiest_broker()
+        before = self.owners()
+        cut = links(broker)
+        topics = self.traffic.spec.topics
+
+        def act(w: _Window) -> None:
+            w.victim = broker
+            set_links(self.cluster.links_control, cut, mode, period_s=period_s)
+            try:
+                time.sleep(seconds)
+            finally:
+                set_links(self.cluster.links_control, cut, "up")
+            restored = time.monotonic()
+            _wait(
+                "every bundle Owned by a registered broker, every broker listed everywhere",
+                lambda: self._whole(set(before)) or None,
+                self.recovery_timeout_s,
+            )
+            w.recovery_s = time.monotonic() - restored
+            self._wait_flowing()
+            after = self.owners()
+            w.moved = sum(after.get(b) != o for b, o in before.items())
+            w.note = f"{', '.join(cut)} {mode} {seconds:g} s; {w.moved} bundles moved"
+
+        self.event(name, act, topics=topics)
+
+    def _whole(self, bundles: set[str]) -> bool:
+        """Whether every sidecar lists every broker and every bundle of ``bundles`` (or its
+        children) is Owned by one of them."""
+        brokers = set(self.admin)
+        for b, client in self.admin.items():
+            if not self._answers(f"sidecar/{b}"):
+                return False
+            if {x.info.broker_id for x in client.brokers().brokers} != brokers:
+                return False
+        owners = self.owners()
+        for bundle in bundles:
+            held = [o for b, o in owners.items() if _overlaps(b, bundle)]
+            if not held or any(o not in brokers for o in held):
+                return False
+        return True
 
     def restart_storage(self) -> None:
         """The storage pulsar-lite stopped (SIGTERM) and started again on its data."""

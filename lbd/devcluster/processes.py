@@ -21,6 +21,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lbd.broker.credentials import INSECURE, ClientCredentials
+from lbd.core.errors import LbdError
+from lbd.devcluster.links import LinkSpec, link_status, proxied_url, write_specs
 from lbd.devcluster.ports import LOOPBACK
 from lbd.devcluster.servers import DEFAULT_START_TIMEOUT_S, ManagedServer, pulsar_handshake
 
@@ -282,6 +284,43 @@ def client_tls_context(files: Mapping[str, str]) -> ssl.SSLContext:
     if files.get("cert_file") and files.get("key_file"):
         context.load_cert_chain(files["cert_file"], files["key_file"])
     return context
+
+
+class LinksProcess(ManagedServer):
+    """The proxies of a dev cluster's links (:mod:`lbd.devcluster.links`); healthy once its
+    control port answers."""
+
+    name = "links"
+
+    def __init__(self, workdir: Path, specs: Sequence[LinkSpec], control_port: int) -> None:
+        super().__init__(Path(sys.executable), workdir)
+        self.specs = {s.name: s for s in specs}
+        self.control_addr = f"{LOOPBACK}:{control_port}"
+        write_specs(self.workdir / "links.json", specs)
+
+    @property
+    def endpoint(self) -> str:
+        return self.control_addr
+
+    def url(self, name: str, url: str) -> str:
+        """``url`` as the client end of link ``name`` reaches it: through the link's proxy."""
+        return proxied_url(url, self.specs[name])
+
+    def _command(self) -> list[str]:
+        return [
+            str(self._binary),
+            "-m",
+            "lbd.devcluster.links",
+            f"--specs={self.workdir / 'links.json'}",
+            f"--control-port={self.control_addr.rpartition(':')[2]}",
+        ]
+
+    def _probe(self, timeout_s: float) -> bool:
+        try:
+            link_status(self.control_addr)
+        except LbdError:
+            return False
+        return True
 
 
 class LoadProcess(_LbdProcess):

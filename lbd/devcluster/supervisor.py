@@ -43,10 +43,12 @@ from lbd.devcluster.cluster import (
     ProcessRecord,
     process_start_ticks,
 )
-from lbd.devcluster.ports import free_ports
+from lbd.devcluster.links import LinkSpec
+from lbd.devcluster.ports import LOOPBACK, free_ports
 from lbd.devcluster.processes import (
     FrontProcess,
     FrontTls,
+    LinksProcess,
     LoadProcess,
     SidecarProcess,
     SimBrokerProcess,
@@ -77,11 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic", action="store_true")
     parser.add_argument("--secure", action="store_true")
     parser.add_argument("--sim-brokers", action="store_true")
+    parser.add_argument("--links", action="store_true")
     parser.add_argument("--set", action="append", default=[], dest="settings")
     args = parser.parse_args(argv)
     state_dir: Path = args.state_dir.resolve()
     spec = DevClusterSpec(
-        args.brokers, args.traffic, {}, args.namespace_bundles, args.secure, args.sim_brokers
+        args.brokers,
+        args.traffic,
+        {},
+        args.namespace_bundles,
+        args.secure,
+        args.sim_brokers,
+        args.links,
     ).with_overrides(args.settings)
     _detach(state_dir)
     logging.basicConfig(
@@ -147,6 +156,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         state_dir / "pulsar",
         state_dir / "storage",
         state_dir / "load",
+        state_dir / "links",
     ):
         shutil.rmtree(old, ignore_errors=True)
     broker_ids = [f"broker-{i}" for i in range(1, spec.brokers + 1)]
@@ -181,17 +191,29 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
     env = settings_env(spec.settings)
     operator = _operator_credentials(spec, security)
     ports = iter(free_ports(2 * spec.brokers))
+    sidecar_ports = {b: (next(ports), next(ports)) for b in broker_ids}
+    links = None
+    if spec.links:
+        links = _links(state_dir / "links", etcd, pulsar, storage, sidecar_ports)
+        children.append(links)
+        links.start()
+        _log.info("%d links behind proxies, control at %s", len(links.specs), links.control_addr)
+
+    def via(name: str, url: str) -> str:
+        return url if links is None else links.url(name, url)
+
     sidecars: list[SidecarProcess] = []
     for broker_id in broker_ids:
         own = {} if security is None else security.sidecar_settings(broker_id)
+        grpc_port, metrics_port = sidecar_ports[broker_id]
         sidecar = SidecarProcess(
             state_dir / broker_id,
             broker_id=broker_id,
-            grpc_port=next(ports),
-            metrics_port=next(ports),
+            grpc_port=grpc_port,
+            metrics_port=metrics_port,
             cluster=CLUSTER_NAME,
-            etcd_endpoint=etcd.client_url,
-            pulsar_url=pulsar.service_url,
+            etcd_endpoint=via(f"{broker_id}/etcd", etcd.client_url),
+            pulsar_url=via(f"{broker_id}/channel", pulsar.service_url),
             env=settings_env({**spec.settings, **own}),
             start_timeout_s=SIDECAR_START_TIMEOUT_S,
             credentials=operator,
@@ -209,7 +231,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
             broker = SimBrokerProcess(
                 sidecar.workdir,
                 broker_id=sidecar.broker_id,
-                sidecar_addr=sidecar.grpc_addr,
+                sidecar_addr=via(f"{sidecar.broker_id}/sidecar", sidecar.grpc_addr),
                 msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
                 seed=0,  # one seed for all: a bundle's traffic moves with it
                 env=env,  # with grpc.admin_token set, the broker presents it
@@ -223,8 +245,8 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
                 broker_id=sidecar.broker_id,
                 port=next(broker_ports),
                 metrics_port=next(broker_ports),
-                sidecar_addr=sidecar.grpc_addr,
-                storage_url=storage.service_url,
+                sidecar_addr=via(f"{sidecar.broker_id}/sidecar", sidecar.grpc_addr),
+                storage_url=via(f"{sidecar.broker_id}/storage", storage.service_url),
                 env=env,  # with grpc.admin_token set, the broker presents it
                 tls=None if security is None else _front_tls(security, sidecar.broker_id),
             )
@@ -279,7 +301,35 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         storage=_record(storage.pid, storage.log_path) if storage is not None else None,
         load=_record(load.pid, load.log_path) if load is not None else None,
         pulsar_client=pulsar_client,
+        links_control=links.control_addr if links is not None else "",
+        links={n: s.target for n, s in links.specs.items()} if links is not None else {},
+        links_process=_record(links.pid, links.log_path) if links is not None else None,
     )
+
+
+def _links(
+    workdir: Path,
+    etcd: EtcdServer,
+    pulsar: PulsarLiteServer,
+    storage: PulsarLiteServer | None,
+    sidecar_ports: dict[str, tuple[int, int]],
+) -> LinksProcess:
+    """The proxies of every link: each sidecar's to etcd and to the channel, each broker's to
+    its sidecar and (a broker front's) to storage."""
+    targets = {}
+    for broker_id, (grpc_port, _) in sidecar_ports.items():
+        targets[f"{broker_id}/etcd"] = _host_port(etcd.client_url)
+        targets[f"{broker_id}/channel"] = _host_port(pulsar.service_url)
+        targets[f"{broker_id}/sidecar"] = f"{LOOPBACK}:{grpc_port}"
+        if storage is not None:
+            targets[f"{broker_id}/storage"] = _host_port(storage.service_url)
+    ports = iter(free_ports(len(targets) + 1))
+    specs = [LinkSpec(name, next(ports), target) for name, target in targets.items()]
+    return LinksProcess(workdir, specs, next(ports))
+
+
+def _host_port(url: str) -> str:
+    return url.partition("://")[2] or url
 
 
 def _front_tls(security: DevSecurity, broker_id: str) -> FrontTls:

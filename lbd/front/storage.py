@@ -26,7 +26,9 @@ import functools
 import itertools
 import logging
 import secrets
+import socket
 import ssl
+import struct
 import time
 import weakref
 from collections.abc import Callable
@@ -225,8 +227,12 @@ class StorageLink(asyncio.Protocol):
             raise StorageRefusedError(frame.command.error.error, frame.command.error.message)
         return frame
 
-    def close(self) -> None:
+    def close(self, *, reset: bool = False) -> None:
         """End the connection (no ``on_lost`` call, no more frames handed on); idempotent.
+
+        With ``reset``: at once, with a reset, so that the kernel drops whatever it still holds
+        for storage (a producer's sends storage never receipted: none of them may land later,
+        after another broker took the topic over, when a partition heals).
 
         Without a reset: the front's side is shut for writing, what storage still sends is read
         and dropped, and the socket closes once storage has closed its side (at most
@@ -238,7 +244,9 @@ class StorageLink(asyncio.Protocol):
         self._closed = True
         self._on_lost = None
         transport = self._transport
-        if transport is not None and not already and not transport.is_closing():
+        if reset and transport is not None and not transport.is_closing():
+            _reset(transport)
+        elif transport is not None and not already and not transport.is_closing():
             if self._out is not None:
                 self._out.flush()
             if transport.can_write_eof():
@@ -315,6 +323,16 @@ class StorageLink(asyncio.Protocol):
             if not future.done():
                 future.set_exception(StorageUnavailableError(why))
         self._requests.clear()
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Abort ``transport`` with a reset (SO_LINGER 0): unsent data is dropped, not sent."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    _LINGERING.pop(transport, None)
+    transport.abort()
 
 
 def _abort_if_open(transport: asyncio.Transport) -> None:
@@ -522,10 +540,11 @@ class StorageProducer:
         return not self._pending and self._on_lost is not None
 
     def close(self) -> None:
-        """Close the producer's connection (storage drops the producer); idempotent."""
+        """Close the producer's connection (storage drops the producer); idempotent. With
+        sends not receipted, the connection is reset (:meth:`StorageLink.close`)."""
         self._on_lost = None
         if self._link is not None:
-            self._link.close()
+            self._link.close(reset=bool(self._pending))
         self._drained.set()
 
     def _frame(self, frame: Frame) -> None:

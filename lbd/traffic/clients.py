@@ -198,7 +198,13 @@ class ClientTraffic:
         record = self.record
 
         def on_message(consumer: Any, message: Any) -> None:
-            record.delivered(index, message.data(), time.monotonic_ns(), message.redelivery_count())
+            record.delivered(
+                index,
+                message.data(),
+                time.monotonic_ns(),
+                message.redelivery_count(),
+                str(message.message_id()),
+            )
             consumer.acknowledge(message)
 
         return on_message

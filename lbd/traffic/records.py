@@ -8,6 +8,9 @@ that alone (nothing the brokers say) :func:`summarize` counts:
 - **failed**: sends the client reported failed (a timeout, a full queue, a refusal);
 - **lost**: sends the client saw acknowledged that no consumer received;
 - **duplicates**: deliveries of a message after its first (to any consumer of the subscription);
+  of those, **stored twice**: the ones under another storage id than the first, a message storage
+  holds twice (a send written, then written again by the producer's resend after a reconnect, or
+  by the client's new broker) rather than one delivered again;
 - **reordered**: first deliveries of a message that came after a later message of the same
   producer on the same consumer (a Shared subscription reorders by design: count those there
   only as a figure);
@@ -72,6 +75,8 @@ class Delivery:
     seq: int
     at_ns: int
     redelivery_count: int
+    message_id: str = ""
+    """The storage id the consumer saw, as the client prints it."""
 
 
 class TrafficRecord:
@@ -103,13 +108,22 @@ class TrafficRecord:
         self.producers[producer].sends.append(send)
         return send
 
-    def delivered(self, consumer: int, body: bytes, at_ns: int, redelivery_count: int) -> None:
+    def delivered(
+        self,
+        consumer: int,
+        body: bytes,
+        at_ns: int,
+        redelivery_count: int,
+        message_id: str = "",
+    ) -> None:
         """A consumer received a message."""
         parsed = parse_payload(body)
         if parsed is None or parsed[0] >= len(self.producers):
             self.strangers += 1
             return
-        self.deliveries.append(Delivery(consumer, parsed[0], parsed[1], at_ns, redelivery_count))
+        self.deliveries.append(
+            Delivery(consumer, parsed[0], parsed[1], at_ns, redelivery_count, message_id)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +145,15 @@ class TrafficSummary:
     failures: tuple[str, ...] = ()
     """The distinct errors of the failed sends, with their counts."""
     lost_examples: tuple[str, ...] = ()
+    stored_twice: int = 0
+    """Duplicates under another storage id than the message's first delivery."""
 
     def line(self) -> str:
         """One line for a log or a terminal."""
         return (
             f"sent {self.sent}, acked {self.acknowledged}, failed {self.failed}, pending "
-            f"{self.pending}, lost {self.lost}, duplicates {self.duplicates}, reordered "
+            f"{self.pending}, lost {self.lost}, duplicates {self.duplicates} ("
+            f"{self.stored_twice} stored twice), reordered "
             f"{self.reordered}, send latency p50 {self.latency_p50_ms:.1f} ms p99 "
             f"{self.latency_p99_ms:.1f} ms max {self.latency_max_ms:.1f} ms, longest gap "
             f"{self.longest_gap_ms:.0f} ms"
@@ -167,16 +184,18 @@ def summarize(
                 latencies.append(send.ended_ns - send.sent_ns)
                 wanted.add((p, seq))
     deliveries = list(record.deliveries)
-    seen: set[tuple[int, int]] = set()
-    duplicates = reordered = 0
+    seen: dict[tuple[int, int], str] = {}
+    duplicates = reordered = stored_twice = 0
     highest: dict[tuple[int, int], int] = {}
     first_at: dict[str, list[int]] = {}
     for d in deliveries:
         key = (d.producer, d.seq)
         if key in seen:
-            duplicates += _in_window(record, d, since_ns, until)
+            counted = _in_window(record, d, since_ns, until)
+            duplicates += counted
+            stored_twice += counted and d.message_id != seen[key]
             continue
-        seen.add(key)
+        seen[key] = d.message_id
         if not _in_window(record, d, since_ns, until):
             continue
         stream = (d.consumer, d.producer)
@@ -184,7 +203,7 @@ def summarize(
             reordered += 1
         highest[stream] = max(highest.get(stream, -1), d.seq)
         first_at.setdefault(record.producers[d.producer].topic, []).append(d.at_ns)
-    lost = sorted(wanted - seen)
+    lost = sorted(wanted - seen.keys())
     latencies.sort()
     return TrafficSummary(
         sent=sent,
@@ -203,6 +222,7 @@ def summarize(
         lost_examples=tuple(
             f"{record.producers[p].topic} #{seq} (producer {p})" for p, seq in lost[:5]
         ),
+        stored_twice=stored_twice,
     )
 
 

@@ -195,8 +195,10 @@ def start_cluster(
     secure: bool = SECURE,
     traffic: bool = False,
     sim_brokers: bool = False,
+    links: bool = False,
 ) -> Cluster:
-    """``lbd dev up``: broker fronts, or simulated brokers (synthetic load a test can steer)."""
+    """``lbd dev up``: broker fronts, or simulated brokers (synthetic load a test can steer);
+    ``links``: every link behind a proxy that can cut it."""
     args = ["dev", "up", "--brokers", str(brokers), "--state-dir", str(state_dir)]
     if secure:
         args.append("--secure")
@@ -204,6 +206,8 @@ def start_cluster(
         args.append("--traffic")
     if sim_brokers:
         args.append("--sim-brokers")
+    if links:
+        args.append("--links")
     for s in settings:
         args += ["--set", s]
     started = lbd(*args)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Executor
 
 import pytest
 
 from lbd.services.sidecar.broker_link import BrokerLink
+from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
 from lbd.simulation.world import WorldSpec, run_seed, search_spec, shrink
 
@@ -41,17 +43,25 @@ def quiet() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
-def first_failing(mutation: str) -> WorldSpec:
-    for seed in range(1, SEARCH + 1):
-        spec = search_spec(mutation, seed)
-        if not run_seed(spec, trace=False).ok:
-            return spec
-    raise AssertionError(f"{mutation}: not found within {SEARCH} seeds")
+@pytest.fixture(scope="module")
+def workers() -> Iterator[Executor]:
+    """Both cores for the searches (the seeds they run are the same as one after another)."""
+    with search.pool() as pool:
+        yield pool
+
+
+def first_failing(mutation: str, workers: Executor) -> WorldSpec:
+    seed = search.first_failing(mutation, SEARCH, workers)
+    if seed is None:
+        raise AssertionError(f"{mutation}: not found within {SEARCH} seeds")
+    return search_spec(mutation, seed)
 
 
 @pytest.mark.parametrize("mutation", sorted(FOUND))
-def test_a_planted_bug_is_found_and_the_seed_holds_without_it(mutation: str) -> None:
-    spec = first_failing(mutation)
+def test_a_planted_bug_is_found_and_the_seed_holds_without_it(
+    mutation: str, workers: Executor
+) -> None:
+    spec = first_failing(mutation, workers)
     outcome = run_seed(spec)
     assert any(FOUND[mutation] in v for v in outcome.violations), outcome.violations
     clean = run_seed(dataclasses.replace(spec, mutation=""))
@@ -64,8 +74,8 @@ def test_a_planted_bug_is_undone_after_its_run() -> None:
     assert BrokerLink.wait_out_lease is original
 
 
-def test_a_failure_shrinks_to_the_faults_that_cause_it() -> None:
-    spec = first_failing("lease-off")
+def test_a_failure_shrinks_to_the_faults_that_cause_it(workers: Executor) -> None:
+    spec = first_failing("lease-off", workers)
     outcome = run_seed(spec)
     shrunk = shrink(spec, outcome)
     assert not shrunk.ok

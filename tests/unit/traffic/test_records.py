@@ -77,6 +77,14 @@ def test_a_second_delivery_is_a_duplicate_and_an_earlier_one_after_a_later_is_re
     assert s.reordered == 1
 
 
+def test_a_duplicate_under_another_storage_id_was_stored_twice() -> None:
+    record = _record()
+    for seq, message_id in ((0, "1:0"), (1, "1:1"), (1, "1:1"), (2, "1:2"), (2, "2:0")):
+        record.delivered(0, payload(0, seq, 64), 100 * MS, 0, message_id)
+    s = summarize(record)
+    assert (s.duplicates, s.stored_twice) == (2, 1)
+
+
 def test_the_longest_gap_is_between_first_deliveries_of_a_topic() -> None:
     record = _record()
     record.delivered(0, payload(0, 0, 64), 100 * MS, 0)
