@@ -135,7 +135,7 @@ def run(
             harness = ClientHarness(
                 cluster, spec_of_clients, recovery_timeout_s=400.0 if defaults else 90.0
             )
-            _create_namespace(cluster)
+            create_namespace(cluster)
             harness.start()
             actions: dict[str, Callable[[], None]] = {
                 "transfer": harness.transfer,
@@ -197,7 +197,8 @@ def traffic_spec(cluster: DevCluster) -> TrafficSpec:
     )
 
 
-def _create_namespace(cluster: DevCluster) -> None:
+def create_namespace(cluster: DevCluster) -> None:
+    """The benchmark namespace, with its bundles."""
     client = SidecarClient(cluster.nodes[0].grpc_addr, credentials=cluster.credentials())
     try:
         client.create_namespace(NAMESPACE, BUNDLES)
@@ -353,12 +354,7 @@ def events_table(result: ClientsResult) -> Table:
         table.add_column(column, justify="left" if column in ("event", "") else "right")
     for row in _rows(result):
         table.add_row(*row)
-    s = result.safety
-    table.caption = (
-        f"brokers' logs: {len(s.dual_served)} dual-served intervals, "
-        f"{len(s.writes_outside_serving)} writes by a broker not serving the bundle, "
-        f"{len(s.storage_order)} storage-order violations ({s.writes_checked} write records)"
-    )
+    table.caption = result.safety.line()
     return table
 
 

@@ -24,16 +24,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.clients_bench import QUIET, traffic_spec
+from bench.clients_bench import QUIET, create_namespace, traffic_spec
 from bench.report import Figure
-from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, down, up
 from lbd.devcluster.disruptions import ClientHarness, EventFigures, SafetyFigures
 from lbd.devcluster.partitions import SCENARIOS, Partition
 from lbd.devcluster.partitions import run as run_partition
-
-NAMESPACE = "bench/clients"
-BUNDLES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +54,7 @@ def run(
         cluster = up(state_dir, spec)
         harness = None
         try:
-            admin = SidecarClient(cluster.nodes[0].grpc_addr, credentials=cluster.credentials())
-            try:
-                admin.create_namespace(NAMESPACE, BUNDLES)
-            finally:
-                admin.close()
+            create_namespace(cluster)
             harness = ClientHarness(cluster, traffic_spec(cluster))
             harness.start()
             for scenario in scenarios:
@@ -107,12 +99,7 @@ def table(result: PartitionsResult) -> Table:
             "-" if e.recovery_s is None else f"{e.recovery_s:.1f}",
             e.note,
         )
-    s = result.safety
-    out.caption = (
-        f"brokers' logs: {len(s.dual_served)} dual-served intervals, "
-        f"{len(s.writes_outside_serving)} writes by a broker not serving the bundle, "
-        f"{len(s.storage_order)} storage-order violations ({s.writes_checked} write records)"
-    )
+    out.caption = result.safety.line()
     return out
 
 

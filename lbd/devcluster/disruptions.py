@@ -94,6 +94,15 @@ class SafetyFigures:
     storage_order: tuple[str, ...]
     writes_checked: int
 
+    def line(self) -> str:
+        """One line for a table's caption or a log."""
+        return (
+            f"brokers' logs: {len(self.dual_served)} dual-served intervals, "
+            f"{len(self.writes_outside_serving)} writes by a broker not serving the bundle, "
+            f"{len(self.storage_order)} storage-order violations ({self.writes_checked} write "
+            "records)"
+        )
+
 
 @dataclass(slots=True)
 class _Window:
@@ -350,7 +359,7 @@ class ClientHarness:
 
     def drain(self) -> None:
         """An admin Drain of the broker with the most traffic topics; then back in service."""
-        broker = self._busiest_broker()
+        broker = self.busiest_broker()
         topics = self.topics_of(broker)
 
         def act(w: _Window) -> None:
@@ -434,7 +443,7 @@ class ClientHarness:
         again with every sidecar listing every broker (:attr:`EventFigures.recovery_s`)."""
         if not self.cluster.links_control:
             raise LbdError("the dev cluster has no links to cut: start it with --links")
-        broker = victim or self._busiest_broker()
+        broker = victim or self.busiest_broker()
         before = self.owners()
         cut = links(broker)
         topics = self.traffic.spec.topics
@@ -491,7 +500,7 @@ class ClientHarness:
     def _failover(
         self, name: str, part: str, *, pause_s: float | None, victim: str | None = None
     ) -> None:
-        broker = victim or self._busiest_broker()
+        broker = victim or self.busiest_broker()
         placement = self.placement()
         topics = tuple(t for t, (_, owner) in placement.items() if owner == broker)
         bundles = tuple(sorted({b for b, owner in placement.values() if owner == broker}))
@@ -555,10 +564,12 @@ class ClientHarness:
                 lags.append((min(acks) - t_owned) / 1e9)
         return max(lags) if lags else None
 
-    def _busiest_broker(self) -> str:
-        counts: dict[str, int] = {}
+    def busiest_broker(self, *, avoid: str | None = None) -> str:
+        """The broker owning the most traffic topics (other than ``avoid``)."""
+        counts = {b: 0 for b in self.admin if b != avoid}
         for _, owner in self.placement().values():
-            counts[owner] = counts.get(owner, 0) + 1
+            if owner in counts:
+                counts[owner] += 1
         return max(sorted(counts), key=lambda b: counts[b])
 
     def _other(self, broker: str) -> str:

@@ -159,8 +159,9 @@ class _Link:
     async def _pump(
         self, src: asyncio.StreamReader, src_w: asyncio.StreamWriter, dst: asyncio.StreamWriter
     ) -> None:
+        eof = False
         with contextlib.suppress(OSError):
-            while data := await src.read(CHUNK):
+            while not eof and (data := await src.read(CHUNK)):
                 if self.mode != "up":
                     held = await self._hold(src, src_w, data)
                     if held is None:
@@ -171,11 +172,6 @@ class _Link:
                         _abort(dst)
                         return
                     data, eof = held
-                    if eof:
-                        dst.write(data)
-                        await dst.drain()
-                        self.bytes += len(data)
-                        return
                 dst.write(data)
                 await dst.drain()
                 self.bytes += len(data)
@@ -240,7 +236,7 @@ class _Proxies:
         self.links = {s.name: _Link(s) for s in specs}
 
     async def run(self, control_port: int) -> None:
-        servers = []
+        servers = []  # held for as long as the proxies run
         for link in self.links.values():
             servers.append(await asyncio.start_server(link.serve, LOOPBACK, link.spec.listen_port))
         control = await asyncio.start_server(self._control, LOOPBACK, control_port)

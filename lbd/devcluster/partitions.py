@@ -52,15 +52,11 @@ other side), and links that stall every other second."""
 
 def run(harness: ClientHarness, scenario: Partition, *, scale: float = 1.0) -> None:
     """Run one scenario as a window of ``harness`` (``scale`` shortens its duration)."""
-    leader = _retry(lambda: harness.client().leader()).broker_id
-    if scenario.victim == "leader":
-        victim = leader
+    if scenario.victim == "busiest":
+        victim = harness.busiest_broker()
     else:
-        counts = {b: 0 for b in harness.admin}
-        for _, owner in harness.placement().values():
-            counts[owner] = counts.get(owner, 0) + 1
-        candidates = [b for b in sorted(counts) if scenario.victim == "busiest" or b != leader]
-        victim = max(candidates, key=lambda b: counts[b])
+        leader = _retry(lambda: harness.client().leader()).broker_id
+        victim = leader if scenario.victim == "leader" else harness.busiest_broker(avoid=leader)
     harness.partition(
         scenario.name,
         scenario.link_names,
