@@ -7,7 +7,7 @@ DEV_STATE ?= .state/dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-analytics java etcd prometheus run test test-unit lint proto bench bench-figures clean
+.PHONY: setup setup-analytics java etcd prometheus run test test-unit test-fast lint proto bench bench-figures clean
 
 setup: $(STAMP) etcd ## venv + install (idempotent), etcd-server via apt when missing
 
@@ -57,6 +57,9 @@ test: setup-analytics prometheus ## the whole suite, then e2e and chaos again on
 
 test-unit: setup ## the pure, server-free tests only
 	$(PY) -m pytest tests/unit
+
+test-fast: setup ## the inner loop: unit and contract tests without the searches (about two minutes)
+	$(PY) -m pytest tests/unit tests/contract -m "not slow"
 
 lint: setup-analytics ## ruff, mypy (--strict on the core), import-linter layers, generated code up to date
 	$(VENV)/bin/ruff check .

@@ -12,7 +12,10 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+if TYPE_CHECKING:
+    from lbd.ports.clock import Clock
 
 _log = logging.getLogger(__name__)
 
@@ -137,3 +140,29 @@ async def sleep_timeout(
     finally:
         # A timer whose sleep ended but that has not run yet is cancelled before it cancels.
         timer.cancel()
+
+
+def idle_timeout(
+    clock: Clock, seconds: float, progress: Callable[[], object]
+) -> contextlib.AbstractAsyncContextManager[_Expiry]:
+    """A scope cancelled once ``seconds`` of ``clock``'s time have passed without ``progress()``
+    changing its value (looked at every quarter of ``seconds``, at least once a second); it
+    raises :class:`TimeoutError` then. Only idle time counts: a body that keeps moving may take
+    as long as it needs."""
+    step = min(1.0, seconds / 4)
+
+    async def until_idle(_: float) -> None:
+        last, since = progress(), clock.monotonic()
+        while (remaining := since + seconds - clock.monotonic()) > 0:
+            await clock.sleep(min(step, remaining))
+            now = progress()
+            if now != last:
+                last, since = now, clock.monotonic()
+
+    return sleep_timeout(until_idle, seconds)
+
+
+async def yield_now() -> None:
+    """Let every other task that is ready run once before going on (``asyncio.sleep(0)``): a
+    turn of the event loop, not a wait on any clock."""
+    await asyncio.sleep(0)

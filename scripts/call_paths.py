@@ -4,6 +4,11 @@
 wiring ``lbd serve`` uses, on the memory adapters), traces every call into ``lbd/`` from the
 request until the cluster is idle again (the destination's reconciliation included), and prints
 the counts and the files. A measure of how far a reader has to follow one request.
+
+The Transfer is the one path an admin Transfer takes once the API has handed it to the leader's
+sidecar (the gRPC layers, and the forwarding from a follower, are not in the count): the leader's
+``OperationTracker.admin_move``, its checks, the governor, the proposal and the owners'
+reconciliation.
 """
 
 from __future__ import annotations
@@ -64,8 +69,9 @@ async def main() -> None:
         print(f"lookup of a never-owned topic: {len(files)} files, {len(edges)} cross-file calls")
         print("   ", " ".join(sorted(files)))
         result = await a.lookup.lookup(topic)
-        src, dst = (a, b) if result.owner_id == a.me else (b, a)
-        files, edges = await traced(lambda: src.operations.transfer(result.bundle, dst.me), h)
+        dst = b if result.owner_id == a.me else a
+        leader = await h.leader()
+        files, edges = await traced(lambda: leader.tracker.admin_move(result.bundle, dst.me), h)
         print(f"transfer: {len(files)} files, {len(edges)} cross-file calls")
         print("   ", " ".join(sorted(files)))
 

@@ -153,7 +153,9 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Print a failure or error as it happens, not only in the summary at the end: a native
     library that aborts the whole process later (Fatal Python error: Aborted) takes the summary
-    with it, and CI's log would say only that something failed."""
+    with it, and CI's log would say only that something failed. Each phase's time is counted to
+    its tier as well (:func:`pytest_terminal_summary`)."""
+    _count_time(report)
     if not report.failed:
         return
     reporter = _REPORTER.get("terminal")
@@ -173,3 +175,33 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         _REPORTER["terminal"] = reporter
+
+
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, int] = {}
+
+
+def _tier(nodeid: str) -> str:
+    """The tier of a test: its folder under tests/ (unit, contract, integration, e2e, chaos...)."""
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
+
+
+def _count_time(report: pytest.TestReport) -> None:
+    """Count each phase's time (setup, call, teardown) to its tier, for the summary below."""
+    tier = _tier(report.nodeid)
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _TIER_TESTS[tier] = _TIER_TESTS.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the suite's time went: seconds and tests per tier, slowest first (session fixtures
+    such as the servers count to the first test that uses them)."""
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda item: -item[1]):
+        tests = _TIER_TESTS.get(tier, 0)
+        terminalreporter.write_line(f"{tier:<12} {seconds:8.1f} s  {tests:5d} tests")
+    terminalreporter.write_line(f"{'all':<12} {sum(_TIER_SECONDS.values()):8.1f} s")

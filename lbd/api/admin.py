@@ -1,9 +1,13 @@
 """``lbd.v1.Admin``: the operator's calls (``grpcurl``, ``lbd ctl``).
 
-Reads (brokers, leader, bundles, load) are answered from this sidecar's own view. Changes go to
-:class:`~lbd.services.sidecar.operations.Operations` and the namespace service. Split must run on
-the bundle owner's sidecar and Rebalance/Snapshot on the leader's: when that is another sidecar,
-the call is forwarded there (:mod:`lbd.api.forwarding`).
+Reads (brokers, leader, bundles, load) are answered from this sidecar's own view. An assignment
+and a split go to :class:`~lbd.services.sidecar.operations.Operations`, namespaces to the namespace
+service. The thirteen methods declared :func:`~lbd.api.forwarding.on_leader` (Transfer and Unload,
+Rebalance, Execute, the operations, Snapshot, Audit, ListDecisions, Drain and Decommission) run on
+the leader's sidecar: on any other, the server's forwarding layer sends them there before they
+reach this servicer (:class:`~lbd.api.forwarding.LeaderForwarding`). An admin Transfer or Unload
+is the leader's :meth:`~lbd.services.leader.operations.OperationTracker.admin_move`. Split runs on
+the bundle owner's sidecar, and is forwarded there by :meth:`AdminServicer.Split` itself.
 """
 
 from __future__ import annotations
@@ -11,26 +15,22 @@ from __future__ import annotations
 import collections
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from lbd.api import convert
-from lbd.api.forwarding import Forwarder
-from lbd.core.broker import BrokerInfo
+from lbd.api.forwarding import Forwarder, on_leader, sidecar_addr
 from lbd.core.bundles import SplitAlgorithm
-from lbd.core.errors import DeadlineError, InvalidInputError, PreconditionError
+from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
-from lbd.core.operations import Move, MoveState, OperationKind
 from lbd.core.shedding import mean_and_std, scenario_to_json
 from lbd.core.state import ServiceUnitState
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.metrics import ADMIN_REASON
-from lbd.ports.errors import UnavailableError
 
 if TYPE_CHECKING:
     from lbd.services.channel.follower import ChannelFollower
@@ -99,6 +99,7 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         owner = await self._d.operations.assign(bundle, None if dst is None else BrokerId(dst))
         return lbd_pb2.AssignResponse(bundle=bundle, owner_broker_id=owner)
 
+    @on_leader
     async def Transfer(
         self, request: lbd_pb2.TransferRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.TransferResponse:
@@ -106,50 +107,17 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         the execution governor)."""
         bundle = convert.bundle_id(request.bundle)
         dst = convert.broker_id(request.dst_broker_id, "dst_broker_id")
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.TransferResponse = await self._forward_to_leader(
-                lambda stub: stub.Transfer, request, context
-            )
-            return response
-        src = await self._d.operations.check_transfer(bundle, dst)
-        await self._admin_move(Move(bundle, src, dst, ADMIN_REASON), f"transfer to {dst}")
+        src = await self._d.tracker.admin_move(bundle, dst)
         return lbd_pb2.TransferResponse(bundle=bundle, src_broker_id=src, dst_broker_id=dst)
 
+    @on_leader
     async def Unload(
         self, request: lbd_pb2.UnloadRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.UnloadResponse:
         """Unload an Owned bundle, as an admin operation of the leader."""
         bundle = convert.bundle_id(request.bundle)
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.UnloadResponse = await self._forward_to_leader(
-                lambda stub: stub.Unload, request, context
-            )
-            return response
-        src = await self._d.operations.check_unload(bundle)
-        await self._admin_move(Move(bundle, src, None, ADMIN_REASON), "unload")
+        src = await self._d.tracker.admin_move(bundle, None)
         return lbd_pb2.UnloadResponse(bundle=bundle, src_broker_id=src)
-
-    async def _admin_move(self, move: Move, what: str) -> None:
-        """Run ``move`` as an admin operation and wait for it; PreconditionError (naming the
-        operation) when it did not complete."""
-        op = self._d.tracker.start_operation(
-            OperationKind.ADMIN, f"{what}: {move.bundle} (from {move.src})", [move]
-        )
-        op = await self._d.tracker.wait(op.id)
-        done = op.moves[0]
-        if done.state is MoveState.DONE:
-            return
-        message = (
-            f"{what} of {move.bundle} did not complete ({done.state.value}): {done.error} "
-            f"(operation {op.id})"
-        )
-        cause = self._d.tracker.failure(op.id)
-        # An outage or a deadline keeps its code, so that a client knows to retry.
-        if isinstance(cause, UnavailableError):
-            raise UnavailableError(message)
-        if isinstance(cause, DeadlineError):
-            raise DeadlineError(message)
-        raise PreconditionError(message)
 
     async def Split(
         self, request: lbd_pb2.SplitRequest, context: grpc.aio.ServicerContext
@@ -167,9 +135,8 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
             and owner is not None
             and owner != self._d.me
         ):
-            target = self._sidecar_of(owner, f"the owner of {bundle}")
             response: lbd_pb2.SplitResponse = await self._d.forwarder.call(
-                target.sidecar_grpc_addr,
+                sidecar_addr(self._d.registry, owner, f"the owner of {bundle}"),
                 lambda stub: stub.Split,
                 request,
                 context,
@@ -268,104 +235,72 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
 
     # -- the leader's calls ------------------------------------------------------------------
 
+    @on_leader
     async def Rebalance(
         self, request: lbd_pb2.RebalanceRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.RebalanceResponse:
         """Plan now on the leader; execute the plan unless ``dry_run`` (then it is kept for
         Execute)."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.RebalanceResponse = await self._forward_to_leader(
-                lambda stub: stub.Rebalance, request, context
-            )
-            return response
         report = await self._d.unload_scheduler.run_cycle(dry_run=request.dry_run, asked=True)
         op_id = None if report.operation is None else report.operation.id
         return convert.rebalance_response(report.result, report.plan, op_id)
 
+    @on_leader
     async def Execute(
         self, request: lbd_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.Operation:
         """Execute a plan a dry-run Rebalance returned."""
         if not request.plan_id:
             raise InvalidInputError("plan_id is required (from `lbd ctl plan`)")
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.Operation = await self._forward_to_leader(
-                lambda stub: stub.Execute, request, context
-            )
-            return response
         return convert.operation(await self._d.unload_scheduler.execute(request.plan_id))
 
+    @on_leader
     async def ListOperations(
         self, request: lbd_pb2.ListOperationsRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.ListOperationsResponse:
         """The leader's operations, newest first."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.ListOperationsResponse = await self._forward_to_leader(
-                lambda stub: stub.ListOperations, request, context
-            )
-            return response
         ops = self._d.tracker.list_operations(active_only=request.active_only)
         return lbd_pb2.ListOperationsResponse(operations=[convert.operation(op) for op in ops])
 
+    @on_leader
     async def GetOperation(
         self, request: lbd_pb2.GetOperationRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.Operation:
         """One operation of the leader."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.Operation = await self._forward_to_leader(
-                lambda stub: stub.GetOperation, request, context
-            )
-            return response
         return convert.operation(self._d.tracker.get(_operation_id(request.id)))
 
+    @on_leader
     async def WatchOperation(
         self, request: lbd_pb2.WatchOperationRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[lbd_pb2.Operation]:
         """The operation now and after each change, until it has finished."""
-        if not self._d.elector.is_leader:
-            async for forwarded in self._stream_from_leader(
-                lambda stub: stub.WatchOperation, request, context
-            ):
-                yield forwarded
-            return
         async for op in self._d.tracker.watch(_operation_id(request.id)):
             yield convert.operation(op)
 
+    @on_leader
     async def CancelOperation(
         self, request: lbd_pb2.CancelOperationRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.Operation:
         """Stop scheduling an operation's moves; the in-flight ones finish."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.Operation = await self._forward_to_leader(
-                lambda stub: stub.CancelOperation, request, context
-            )
-            return response
         return convert.operation(self._d.tracker.cancel(_operation_id(request.id)))
 
+    @on_leader
     async def Snapshot(
         self, request: lbd_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.SnapshotResponse:
         """The leader's load snapshot in the scenario format."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.SnapshotResponse = await self._forward_to_leader(
-                lambda stub: stub.Snapshot, request, context
-            )
-            return response
         scenario = self._d.unload_scheduler.snapshot()
         return lbd_pb2.SnapshotResponse(scenario_json=json.dumps(scenario_to_json(scenario)))
 
+    @on_leader
     async def Audit(
         self, request: lbd_pb2.AuditRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.AuditResponse:
         """The leader's safety auditor's latest findings (an audit runs now if none has yet)."""
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.AuditResponse = await self._forward_to_leader(
-                lambda stub: stub.Audit, request, context
-            )
-            return response
         report = self._d.auditor.latest or await self._d.auditor.run_once()
         return convert.audit_response(report)
 
+    @on_leader
     async def ListDecisions(
         self, request: lbd_pb2.ListDecisionsRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.ListDecisionsResponse:
@@ -375,11 +310,6 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
                 f"since_ms and limit must be >= 0 (0: all kept), got {request.since_ms} and "
                 f"{request.limit}"
             )
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.ListDecisionsResponse = await self._forward_to_leader(
-                lambda stub: stub.ListDecisions, request, context
-            )
-            return response
         decisions = self._d.decisions.since(request.since_ms, request.limit)
         return lbd_pb2.ListDecisionsResponse(decisions=[convert.decision(d) for d in decisions])
 
@@ -401,28 +331,20 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         await self._d.drainer.uncordon(broker)
         return self._maintenance_response(broker)
 
+    @on_leader
     async def Drain(
         self, request: lbd_pb2.DrainRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.Operation:
         """Cordon a broker and move every bundle off it (on the leader); the operation."""
         broker = convert.broker_id(request.broker_id, "broker_id")
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.Operation = await self._forward_to_leader(
-                lambda stub: stub.Drain, request, context
-            )
-            return response
         return convert.operation(await self._d.drainer.drain(broker))
 
+    @on_leader
     async def Decommission(
         self, request: lbd_pb2.DecommissionRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.Operation:
         """Drain a broker, then deregister it for good (on the leader); the operation."""
         broker = convert.broker_id(request.broker_id, "broker_id")
-        if not self._d.elector.is_leader:
-            response: lbd_pb2.Operation = await self._forward_to_leader(
-                lambda stub: stub.Decommission, request, context
-            )
-            return response
         return convert.operation(await self._d.drainer.decommission(broker))
 
     def _maintenance_of(self, broker: BrokerId) -> str:
@@ -435,46 +357,6 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         )
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _sidecar_of(self, broker: BrokerId, role: str) -> BrokerInfo:
-        info = self._d.registry.get(broker)
-        if info is None:
-            raise UnavailableError(f"{role}, {broker}, is not registered; retry once it is back")
-        if not info.sidecar_grpc_addr:
-            raise UnavailableError(f"{role}, {broker}, did not register its sidecar's address")
-        return info
-
-    def _leader_addr(self) -> tuple[str, str]:
-        """The leader's sidecar address and why this sidecar does not answer itself."""
-        leader = self._d.elector.leader
-        if leader is None:
-            raise UnavailableError("no leader is elected right now; retry shortly")
-        if leader.broker == self._d.me:
-            raise PreconditionError(
-                f"{self._d.me} was elected leader but is not running the leader duties yet; "
-                "retry shortly"
-            )
-        target = self._sidecar_of(leader.broker, "the leader")
-        return target.sidecar_grpc_addr, f"{leader.broker} leads, not {self._d.me}"
-
-    async def _stream_from_leader(
-        self,
-        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
-        request: Any,
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[Any]:
-        addr, what = self._leader_addr()
-        async for response in self._d.forwarder.stream(addr, method, request, context, what=what):
-            yield response
-
-    async def _forward_to_leader(
-        self,
-        method: Callable[[lbd_pb2_grpc.AdminStub], Any],
-        request: Any,
-        context: grpc.aio.ServicerContext,
-    ) -> Any:
-        addr, what = self._leader_addr()
-        return await self._d.forwarder.call(addr, method, request, context, what=what)
 
 
 def _operation_id(text: str) -> str:

@@ -73,7 +73,7 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._wrapper = wrapper
         self.checks_requests = checks_requests
 
-    def wrapper_for(self, details: grpc.HandlerCallDetails | _Details) -> CallWrapper | None:
+    def wrapper_for(self, details: grpc.HandlerCallDetails | MethodDetails) -> CallWrapper | None:
         """The wrapper for this call, or None to leave it as it is."""
         return self._wrapper if is_lbd_method(details.method) else None
 
@@ -110,6 +110,21 @@ class BoundCall:
     def __call__(self) -> Awaitable[Any]:
         result: Awaitable[Any] = self._inner(self.request, self._context)
         return result
+
+
+class BoundStreamCall:
+    """A :data:`StreamCall` of a unary-request method; ``request`` is its request (a layer
+    forwarding the call sends it on)."""
+
+    __slots__ = ("_context", "_inner", "request")
+
+    def __init__(self, inner: Callable[..., Any], request: Any, context: Any) -> None:
+        self._inner = inner
+        self.request = request
+        self._context = context
+
+    def __call__(self) -> AsyncGenerator[Any, None]:
+        return _responses(self._inner(self.request, self._context))
 
 
 class UndecodableRequestError(InvalidInputError):
@@ -154,7 +169,7 @@ def wrap_handler(
     if handler.response_streaming:
         # grpc.aio tells streaming behaviours by their being async generator functions.
         async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            call = wrapper.stream(method, context, lambda: _responses(inner(request, context)))
+            call = wrapper.stream(method, context, BoundStreamCall(inner, request, context))
             async with contextlib.aclosing(call):
                 async for response in call:
                     yield response
@@ -270,7 +285,7 @@ class WrappedRegistration(GenericRegistration):
         super().add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        details = _Details(method)
+        details = MethodDetails(method)
         for layer in reversed(self._layers):  # the innermost layer first
             wrapper = layer.wrapper_for(details)
             if wrapper is not None:
@@ -281,7 +296,7 @@ class WrappedRegistration(GenericRegistration):
 
 
 @dataclass(frozen=True, slots=True)
-class _Details:
+class MethodDetails:
     """What :meth:`WrappingInterceptor.wrapper_for` reads of a call: its method."""
 
     method: str

@@ -2,9 +2,11 @@
 
 Each call of lbd's services passes through layers, outermost first: tracing (the span sees the
 final status; only when a tracer provider is given), authentication and authorization
-(:mod:`lbd.api.auth`, when any credential is configured), then the error mapping closest to the
-servicers. The layers wrap each method's handler once, when the servicers are registered
-(:class:`~lbd.api.handlers.WrappedRegistration`), not on every call as grpc interceptors would.
+(:mod:`lbd.api.auth`, when any credential is configured), the error mapping, then, closest to the
+servicers, the forwarding of the methods that run on the leader
+(:class:`~lbd.api.forwarding.LeaderForwarding`). The layers wrap each method's handler once, when
+the servicers are registered (:class:`~lbd.api.handlers.WrappedRegistration`), not on every call
+as grpc interceptors would.
 Every service is registered as generic handlers only, never as registered methods
 (:class:`~lbd.api.handlers.GenericRegistration` says why).
 The port is TLS when the sidecar has a certificate (:mod:`lbd.api.tls`). Health is NOT_SERVING
@@ -24,7 +26,7 @@ from opentelemetry.trace import TracerProvider
 from lbd.api.admin import AdminDeps, AdminServicer
 from lbd.api.auth import Authenticator, AuthInterceptor
 from lbd.api.errors import ErrorInterceptor
-from lbd.api.forwarding import Forwarder
+from lbd.api.forwarding import Forwarder, LeaderForwarding, leader_methods
 from lbd.api.handlers import GenericRegistration, WrappedRegistration, WrappingInterceptor
 from lbd.api.loadbalancer import LoadBalancerServicer
 from lbd.api.tls import ReloadingServerTls
@@ -46,6 +48,7 @@ SERVICE_NAMES = tuple(
     lbd_pb2.DESCRIPTOR.services_by_name[name].full_name for name in ("LoadBalancer", "Admin")
 )
 """Fully qualified names of lbd's services (``lbd.v1.LoadBalancer``, ``lbd.v1.Admin``)."""
+ADMIN_SERVICE = SERVICE_NAMES[1]
 
 
 def sidecar_api(
@@ -58,6 +61,32 @@ def sidecar_api(
     tracer_provider: TracerProvider | None = None,
 ) -> ApiServer:
     """The gRPC server of ``sidecar`` on ``addr`` (not started): its services wired to it."""
+    admin = AdminServicer(
+        AdminDeps(
+            me=sidecar.me,
+            registry=sidecar.registry,
+            namespaces=sidecar.namespaces,
+            follower=sidecar.follower,
+            operations=sidecar.operations,
+            lookup=sidecar.lookup,
+            elector=sidecar.elector,
+            unload_scheduler=sidecar.unload_scheduler,
+            loads=sidecar.loads,
+            forwarder=forwarder,
+            tracker=sidecar.tracker,
+            decisions=sidecar.decisions,
+            maintenance=sidecar.maintenance,
+            drainer=sidecar.drainer,
+            auditor=sidecar.auditor,
+        )
+    )
+    to_leader = LeaderForwarding(
+        leader_methods(admin, ADMIN_SERVICE),
+        me=sidecar.me,
+        elector=sidecar.elector,
+        registry=sidecar.registry,
+        forwarder=forwarder,
+    )
     return ApiServer(
         addr,
         loadbalancer=LoadBalancerServicer(
@@ -66,25 +95,8 @@ def sidecar_api(
             link=sidecar.link,
             authenticator=authenticator,
         ),
-        admin=AdminServicer(
-            AdminDeps(
-                me=sidecar.me,
-                registry=sidecar.registry,
-                namespaces=sidecar.namespaces,
-                follower=sidecar.follower,
-                operations=sidecar.operations,
-                lookup=sidecar.lookup,
-                elector=sidecar.elector,
-                unload_scheduler=sidecar.unload_scheduler,
-                loads=sidecar.loads,
-                forwarder=forwarder,
-                tracker=sidecar.tracker,
-                decisions=sidecar.decisions,
-                maintenance=sidecar.maintenance,
-                drainer=sidecar.drainer,
-                auditor=sidecar.auditor,
-            )
-        ),
+        admin=admin,
+        forwarding=to_leader,
         metrics=sidecar.metrics,
         authenticator=authenticator,
         tls=tls,
@@ -105,8 +117,10 @@ class ApiServer:
         authenticator: Authenticator | None = None,
         tls: ReloadingServerTls | None = None,
         tracer_provider: TracerProvider | None = None,
+        forwarding: LeaderForwarding | None = None,
     ) -> None:
-        """Without ``authenticator`` every caller may call everything (a loopback sidecar with
+        """``forwarding`` is the innermost layer (the methods that run on the leader); without
+        ``authenticator`` every caller may call everything (a loopback sidecar with
         no credentials configured); without ``tls`` the port is plaintext; without
         ``tracer_provider`` no span is made (tracing is off)."""
         self._addr = addr
@@ -118,6 +132,8 @@ class ApiServer:
             layers.append(AuthInterceptor(authenticator))
         self._errors = ErrorInterceptor(metrics)
         layers.append(self._errors)
+        if forwarding is not None:
+            layers.append(forwarding)
         self._server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
         )

@@ -4,8 +4,8 @@ A broker that has thousands of clients reconnecting (after a restart, after its 
 failed) looks up thousands of topics at once, each from the code serving one client. As unary
 ``Lookup`` calls they cost the sidecar a gRPC call each, and that is what limits it: on a
 2-core machine a sidecar assigns some 600-800 new bundles per second by single Lookups and
-2,500-3,000 by ``LookupMany`` (README "Benchmarks"). :class:`LookupBatcher` gives the broker's
-code a per-topic call that travels in bulk:
+2,500-3,000 by ``LookupMany`` (docs/performance.md, "The figures of `make bench`").
+:class:`LookupBatcher` gives the broker's code a per-topic call that travels in bulk:
 
 - the lookups asked for in one turn of the event loop go together in one ``LookupMany`` (at most
   ``max_per_call``); there is no timer, so a lone lookup leaves at once, in a call of one;

@@ -309,6 +309,11 @@ def from_json_object(obj: object) -> ServiceUnitStateData:
     )
 
 
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(..., separators=(",", ":"))`` made once: ``dumps`` with any argument builds a
+new encoder per call, a third of the cost of encoding a value."""
+
+
 def encode_value(data: ServiceUnitStateData | None) -> bytes:
     """The channel message value for ``data``; None encodes as the tombstone (empty bytes).
 
@@ -316,7 +321,7 @@ def encode_value(data: ServiceUnitStateData | None) -> bytes:
     """
     if data is None:
         return TOMBSTONE
-    raw = json.dumps(to_json_object(data), separators=(",", ":")).encode()
+    raw = _COMPACT.encode(to_json_object(data)).encode()
     if len(raw) > MAX_VALUE_BYTES:
         # Every reader would skip it as malformed: refused before it is ever published.
         what = f" ({len(data.split_children)} split children)" if data.split_children else ""

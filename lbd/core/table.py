@@ -117,15 +117,17 @@ DIGEST_MODULUS: Final = 2**64
 """:attr:`StateTable.digest` is a sum of entry digests modulo this (a 64-bit value)."""
 
 
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+"""Canonical JSON (keys sorted, no spaces), the encoder made once rather than per call."""
+
+
 def entry_digest(bundle: BundleId, value: ServiceUnitStateData | None) -> int:
     """One bundle's share of :attr:`StateTable.digest`: 64 bits of the BLAKE2b hash of the bundle
     and its value as canonical JSON (keys sorted, so however the value was written or restored),
     0 for no value."""
     if value is None:
         return 0
-    canonical = json.dumps(
-        [bundle, to_json_object(value)], sort_keys=True, separators=(",", ":")
-    ).encode()
+    canonical = _CANONICAL.encode([bundle, to_json_object(value)]).encode()
     return int.from_bytes(hashlib.blake2b(canonical, digest_size=8).digest(), "big")
 
 

@@ -19,7 +19,6 @@ Start order (:meth:`Sidecar.start`), each step needing the ones before:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import logging
@@ -48,6 +47,7 @@ from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
+from lbd.services.cluster.checks import RequestChecks
 from lbd.services.cluster.loads import LoadView
 from lbd.services.cluster.maintenance import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
@@ -69,7 +69,7 @@ from lbd.services.sidecar.ownership import OwnershipReactor
 from lbd.services.sidecar.registration import BrokerRegistration
 from lbd.services.sidecar.session import SessionWatcher
 from lbd.services.sidecar.splitting import SplitScheduler
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import cancel_and_wait, guard, idle_timeout
 
 _log = logging.getLogger(__name__)
 
@@ -142,23 +142,19 @@ class Sidecar:
         # The deadline sits inside the stack: what started is closed after it fired, not while.
         async with contextlib.AsyncExitStack() as stack:
             try:
-                async with asyncio.timeout(timeout_s) as deadline:
+                async with self.clock.timeout(timeout_s):
                     table = await checkpoints.restore(self.ports.checkpoints)
                     step = "reading the state channel from Pulsar"
                     stack.push_async_callback(self.ports.channel.close)
                     stack.push_async_callback(self.proposer.close)
                     await self._started(stack, self.follower, table)
-                    progress = guard(
-                        _extend_while_reading(self.follower, deadline, timeout_s),
-                        name=f"startup-progress-{self.me}",
-                    )
-                    try:
-                        await self.follower.wait_ready()
-                    finally:
-                        await cancel_and_wait(progress)
-                    if not deadline.expired():  # the rest gets the whole timeout again
-                        deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
-                    step = "starting the rest of the sidecar"
+                # Only time without a new message counts: a long channel takes what it needs.
+                async with idle_timeout(
+                    self.clock, timeout_s, lambda: self.follower.table.last_position
+                ):
+                    await self.follower.wait_ready()
+                step = "starting the rest of the sidecar"
+                async with self.clock.timeout(timeout_s):  # the rest gets the whole timeout
                     await self._start_rest(stack)
             except TimeoutError:
                 raise UnavailableError(
@@ -206,21 +202,6 @@ class Sidecar:
         """Start ``part`` and have the stack close it."""
         await part.start(*args)
         stack.push_async_callback(part.close)
-
-
-async def _extend_while_reading(
-    follower: ChannelFollower, deadline: asyncio.Timeout, timeout_s: float
-) -> None:
-    """Move ``deadline`` to ``timeout_s`` from now whenever the follower applied a new message
-    since the last look (every quarter of the timeout, at most a second apart)."""
-    loop = asyncio.get_running_loop()
-    last = follower.table.last_position
-    while True:
-        await asyncio.sleep(min(1.0, timeout_s / 4))
-        position = follower.table.last_position
-        if position != last and not deadline.expired():
-            last = position
-            deadline.reschedule(loop.time() + timeout_s)
 
 
 def build_sidecar(
@@ -319,13 +300,15 @@ def build_sidecar(
         settle_timeout_s=timings.settle_timeout_s,
         metrics=metrics,
     )
+    checks = RequestChecks(
+        follower=follower, registry=registry, namespaces=namespaces, maintenance=maintenance
+    )
     operations = Operations(
         me,
         follower=follower,
         proposer=proposer,
-        registry=registry,
+        checks=checks,
         namespaces=namespaces,
-        maintenance=maintenance,
         lookup=lookup,
         link=link,
         split_config=config.split,
@@ -340,6 +323,7 @@ def build_sidecar(
         follower=follower,
         proposer=proposer,
         registry=registry,
+        checks=checks,
         assigner=assigner,
         governor=governor,
         clock=clock,

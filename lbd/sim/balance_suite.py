@@ -100,7 +100,7 @@ def table(results: Sequence[RunResult], target_std: float = SUITE_TARGET_STD) ->
 
 
 def markdown(results: Sequence[RunResult]) -> str:
-    """The table in Markdown, for the README."""
+    """The table in Markdown, for docs/balancing.md."""
     lines = [
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|",

@@ -60,7 +60,6 @@ from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
-from lbd.core.operations import Move, OperationKind
 from lbd.core.state import ServiceUnitState, owner_of, server_of
 from lbd.core.table import ChannelPosition, StateTable
 from lbd.core.tuning import (
@@ -968,20 +967,12 @@ class World:
                 await operation.assign(bundle, via.sidecar.me)
 
     async def _admin_move(self, bundle: BundleId, dst: BrokerId | None) -> None:
-        """An admin Transfer (``dst``) or Unload as the API runs it: on the leader, as an
-        operation under its execution governor (any sidecar forwards the call there)."""
+        """An admin Transfer (``dst``) or Unload as the API runs it: the leader's
+        :meth:`~lbd.services.leader.operations.OperationTracker.admin_move` (any sidecar's API
+        forwards the call there)."""
         leader = self._leader()
-        if leader is None:
-            return
-        services = leader.sidecar
-        if dst is None:
-            src = await services.operations.check_unload(bundle)
-        else:
-            src = await services.operations.check_transfer(bundle, dst)
-        op = services.tracker.start_operation(
-            OperationKind.ADMIN, f"admin move of {bundle}", [Move(bundle, src, dst, "Admin")]
-        )
-        await services.tracker.wait(op.id)
+        if leader is not None:
+            await leader.sidecar.tracker.admin_move(bundle, dst)
 
     def _leader(self) -> _Node | None:
         """The live node whose sidecar runs the leader duties now, if any."""

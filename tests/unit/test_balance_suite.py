@@ -52,6 +52,7 @@ def test_the_run_is_the_same_for_a_seed() -> None:
     assert a == b
 
 
+@pytest.mark.slow
 def test_the_planner_reaches_the_target_within_three_cycles_of_the_scale_up() -> None:
     run = results()[("scale-up", "cluster_planner")]
     assert run.cycles_to_target is not None and run.cycles_to_target <= 3

@@ -15,6 +15,8 @@ from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
 from lbd.simulation.world import WorldSpec, run_seed, search_spec, shrink
 
+pytestmark = pytest.mark.slow  # searches of the simulation: left out of make test-fast
+
 SEARCH = 200
 """Seeds a planted bug must be found within (a seed of a search takes a tenth of a second to a
 second)."""

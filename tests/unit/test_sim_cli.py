@@ -36,6 +36,7 @@ def test_sim_check_runs_seeds_and_says_how_fast(capsys: pytest.CaptureFixture[st
     assert "2 seeds, 0 failed" in out and "seeds/s" in out
 
 
+@pytest.mark.slow
 def test_sim_check_prints_a_failing_seed_shrunk_with_its_replay(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

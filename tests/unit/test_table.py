@@ -282,6 +282,7 @@ def test_bad_snapshot_is_named(change: Callable[[dict[str, Any]], object], messa
     assert message in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_hundred_thousand_bundles() -> None:
     table = StateTable()
     for i in range(100_000):

@@ -2,11 +2,16 @@
 
 import asyncio
 import contextlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from lbd.adapters.clock import ManualClock
-from lbd.tasks import cancel_and_wait, guard, sleep_timeout
+from lbd.tasks import cancel_and_wait, guard, idle_timeout, sleep_timeout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_a_failing_task_is_reported_and_still_raises_to_whoever_awaits_it() -> None:
@@ -106,3 +111,49 @@ async def test_a_body_that_swallows_the_timeout_leaves_no_cancellation_pending()
         await asyncio.sleep(0)
     await clock.run_for(1.1, step=0.5)
     assert await task == 0
+
+
+async def test_idle_timeout_counts_only_the_time_without_progress() -> None:
+    clock = ManualClock()
+    progress = [0]
+
+    async def body() -> None:
+        async with idle_timeout(clock, 1.0, lambda: progress[0]):
+            await asyncio.get_running_loop().create_future()  # never done
+
+    task = asyncio.create_task(body())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    for _ in range(6):  # 3 s in all, with progress every half second
+        await clock.run_for(0.5, step=0.25)
+        progress[0] += 1
+    assert not task.done()
+    await clock.run_for(0.9, step=0.25)
+    assert not task.done()  # idle for 0.9 s only
+    await clock.run_for(0.6, step=0.25)
+    with pytest.raises(TimeoutError):
+        await task
+
+
+RUFF = (sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format=concise")
+
+
+def _ruff(source: str, as_file: str) -> subprocess.CompletedProcess[str]:
+    """ruff's findings on ``source`` checked as if it were ``as_file`` of the repository."""
+    return subprocess.run(
+        [*RUFF, "--stdin-filename", as_file, "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_the_services_may_wait_only_on_the_clock_port() -> None:
+    """lbd/services/ruff.toml bans the event loop's own waits there (TID251)."""
+    planted = "import asyncio\n\n\nasync def f() -> None:\n    await asyncio.sleep(1)\n"
+    found = _ruff(planted, "lbd/services/planted.py")
+    assert "TID251 `asyncio.sleep` is banned" in found.stdout
+    elsewhere = _ruff(planted, "lbd/adapters/planted.py")
+    assert elsewhere.returncode == 0, elsewhere.stdout

@@ -20,6 +20,7 @@ from lbd.ports.checkpoint import CheckpointStore, CorruptCheckpointError, Stored
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
+from lbd.tasks import yield_now
 
 _log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ async def serialised(table: StateTable) -> bytes:
         for bundle, data in itertools.islice(entries, SERIALISE_SLICE)
     ):
         pieces.append((f",{piece}" if pieces else piece).encode())
-        await asyncio.sleep(0)
+        await yield_now()
     return b"".join((opening, *pieces, b"}}"))  # one copy of the megabytes, not one per +
 
 

@@ -111,7 +111,8 @@ class ChannelFollower:
             self._task = guard(self._run(), name=self._name, on_death=self._on_death)
 
     async def wait_ready(self) -> None:
-        """Wait until the channel as it was at start is applied (bound it with asyncio.timeout)."""
+        """Wait until the channel as it was at start is applied (bound it with the clock's
+        ``timeout``)."""
         await self._ready.wait()
 
     async def close(self) -> None:
@@ -197,7 +198,7 @@ class ChannelFollower:
     async def wait_for(self, bundle: BundleId, predicate: Predicate) -> ServiceUnitStateData | None:
         """The bundle's value once ``predicate`` holds for it (at once if it holds now).
 
-        Bound the wait with :func:`asyncio.timeout`; leaving early cleans the waiter up.
+        Bound the wait with the clock's ``timeout``; leaving early cleans the waiter up.
         """
         if predicate(self._table.get(bundle)):
             return self._table.get(bundle)
@@ -250,7 +251,7 @@ class ChannelFollower:
         A read barrier: it asks the channel for what lies past the table's position, and waits
         until the follower has applied the last of it. Raises
         :class:`~lbd.ports.errors.UnavailableError` when the channel cannot be asked; bound it
-        with :func:`asyncio.timeout`. When it completes, the feeds of
+        with the clock's ``timeout``. When it completes, the feeds of
         :meth:`changes_and_barriers` get its :class:`ReadBarrier` mark.
         """
         self._barriers_begun += 1

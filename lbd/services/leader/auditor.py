@@ -87,6 +87,7 @@ from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.loads import LoadView
 from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
+from lbd.tasks import yield_now
 
 _log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class SafetyAuditor:
         checked = 0
         for start in range(0, len(bundles), AUDIT_SLICE):
             if start:
-                await asyncio.sleep(0)
+                await yield_now()
             values = [
                 (b, v)
                 for b in bundles[start : start + AUDIT_SLICE]
@@ -346,7 +347,7 @@ class SafetyAuditor:
         for _ in range(_FEED_TURNS):
             if feed is None or feed.caught_up:
                 return
-            await asyncio.sleep(0)
+            await yield_now()
 
     def _compare(
         self, reports: Mapping[BrokerId, BrokerLoadData], live: Mapping[BrokerId, BrokerInfo]

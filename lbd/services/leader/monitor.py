@@ -72,7 +72,7 @@ from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry, GoneBrokers
 from lbd.services.leader.decisions import DecisionLog
 from lbd.services.leader.governor import ExecutionGovernor
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import cancel_and_wait, guard, yield_now
 
 _log = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ class OwnershipMonitor:
         try:
             for n, (bundle, seen) in enumerate(pending, 1):
                 if n % SWEEP_SLICE == 0:
-                    await asyncio.sleep(0)  # as in a full sweep
+                    await yield_now()  # as in a full sweep
                 value = table.get(bundle)
                 if value is None or (seen is not None and value != seen):
                     continue
@@ -441,7 +441,7 @@ class OwnershipMonitor:
                     # depends on not yielding: each bundle is checked on its value as it is then,
                     # each write re-checks that its bundle did not move on, and the store is
                     # asked about a gone broker after every wait has ended.
-                    await asyncio.sleep(0)
+                    await yield_now()
                 value = table.get(bundle)
                 if value is None:
                     continue  # tombstoned since the sweep began

@@ -36,17 +36,18 @@ from dataclasses import dataclass
 
 from lbd.core.errors import DeadlineError, LbdError, NotFoundError, PreconditionError
 from lbd.core.governor import MoveKind, Ticket
-from lbd.core.ids import BrokerId
+from lbd.core.ids import BrokerId, BundleId
 from lbd.core.operations import Move, MoveState, Operation, OperationKind, OperationState, Plan
 from lbd.core.state import ServiceUnitState, owner_of, state_of
 from lbd.core.tuning import OperationsConfig
-from lbd.metrics import FAILURE, SUCCESS, Metrics
+from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
+from lbd.services.cluster.checks import RequestChecks
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.leader.decisions import DecisionLog
 from lbd.services.leader.governor import ExecutionGovernor
@@ -98,6 +99,7 @@ class OperationTracker:
         follower: ChannelFollower,
         proposer: Proposer,
         registry: BrokerRegistry,
+        checks: RequestChecks,
         assigner: Assigner,
         governor: ExecutionGovernor,
         clock: Clock,
@@ -112,6 +114,7 @@ class OperationTracker:
         self._follower = follower
         self._proposer = proposer
         self._registry = registry
+        self._checks = checks
         self._assigner = assigner
         self._governor = governor
         self._clock = clock
@@ -129,6 +132,11 @@ class OperationTracker:
 
     name = "operations"
     """The leader duty's name."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this sidecar runs the leader duties now (operations may start)."""
+        return self._leading is not None
 
     async def start(self) -> None:
         """Nothing to start: operations start when asked."""
@@ -225,6 +233,36 @@ class OperationTracker:
         self._active_gauge()
         _log.info("operation %s started: %s, %d move(s)", op.id, description, len(moves))
         return op
+
+    async def admin_move(self, bundle: BundleId, dst: BrokerId | None) -> BrokerId:
+        """An admin Transfer (to ``dst``) or Unload (``dst`` None) of an Owned bundle, the one path
+        every caller takes (the API, the simulated world): the request checked, then run as an
+        admin operation of one move under the execution governor and waited for. Returns the
+        bundle's source broker once the move is DONE.
+
+        A bad request changes nothing (the errors of
+        :class:`~lbd.services.cluster.checks.RequestChecks`). A move that did not complete
+        raises PreconditionError naming the operation, or UnavailableError or DeadlineError when
+        that is why it failed, so that a client knows to retry.
+        """
+        if dst is None:
+            src, what = await self._checks.unload(bundle), f"unload of {bundle}"
+        else:
+            src = await self._checks.transfer(bundle, dst)
+            what = f"transfer of {bundle} to {dst}"
+        move = Move(bundle, src, dst, ADMIN_REASON)
+        op = self.start_operation(OperationKind.ADMIN, f"{what} (from {src})", [move])
+        op = await self.wait(op.id)
+        done = op.moves[0]
+        if done.state is MoveState.DONE:
+            return src
+        message = f"{what} did not complete ({done.state.value}): {done.error} (operation {op.id})"
+        cause = self.failure(op.id)
+        if isinstance(cause, UnavailableError):
+            raise UnavailableError(message)
+        if isinstance(cause, DeadlineError):
+            raise DeadlineError(message)
+        raise PreconditionError(message)
 
     def get(self, op_id: str) -> Operation:
         """The operation ``op_id``; NotFoundError when this leader does not know it."""
@@ -445,7 +483,7 @@ class OperationTracker:
             self._changed(running)
             self._record(op, move)
             try:
-                async with asyncio.timeout(self._settle_timeout_s):
+                async with self._clock.timeout(self._settle_timeout_s):
                     settled = await slot.settled()
             except TimeoutError:
                 raise DeadlineError(

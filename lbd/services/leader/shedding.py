@@ -196,7 +196,7 @@ class UnloadScheduler:
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(poll_s if waiting else None):
+                    async with self._clock.timeout(poll_s) if waiting else contextlib.nullcontext():
                         event = await events.get()
                         if event.value is not None and event.broker not in known:
                             waiting.add(event.broker)
@@ -362,7 +362,7 @@ class UnloadScheduler:
         )
         self._last_op = op
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._settle_timeout_s):
+            async with self._clock.timeout(self._settle_timeout_s):
                 async for current in self._tracker.watch(op.id):
                     if all(m.state is not MoveState.PENDING for m in current.moves):
                         break

@@ -1,11 +1,12 @@
-"""Ownership operations for operators and schedulers: assign, transfer, unload, split.
+"""A sidecar's own ownership operations: assign (for any caller) and split (of a bundle its
+broker owns). A move of an Owned bundle (an admin Transfer or Unload, shedding, a drain) runs on
+the leader, under its execution governor
+(:meth:`~lbd.services.leader.operations.OperationTracker.admin_move`).
 
-Each one checks the request against the table, the registry and the namespace layout before
-writing anything, so a bad request changes nothing: InvalidInputError (malformed),
-NotFoundError (unknown bundle or broker), PreconditionError (the bundle's state does not allow
-it). Then it proposes the first step of the flow (DESIGN §4) and waits, within the settle
-deadline, until the flow has finished: the owners' sidecars carry out the rest. No bundle is
-assigned or transferred to a cordoned broker (PreconditionError naming the cordon).
+Each one checks the request first (:class:`~lbd.services.cluster.checks.RequestChecks`), so a bad
+request changes nothing. Then it proposes the first step of the flow (DESIGN §4) and waits, within
+the settle deadline, until the flow has finished: the owners' sidecars carry out the rest. No
+bundle is assigned to a cordoned broker (PreconditionError naming the cordon).
 """
 
 from __future__ import annotations
@@ -24,19 +25,17 @@ from lbd.core.bundles import (
     split_positions,
     topic_hash,
 )
-from lbd.core.errors import InvalidInputError, LbdError, NotFoundError, PreconditionError
+from lbd.core.errors import InvalidInputError, LbdError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.probes import probe
-from lbd.core.state import ServiceUnitState, ServiceUnitStateData, owner_of, state_of
+from lbd.core.state import ServiceUnitState, state_of
 from lbd.core.tuning import SplitConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
-from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
-from lbd.services.cluster.maintenance import MaintenanceView
+from lbd.services.cluster.checks import RequestChecks
 from lbd.services.cluster.namespaces import NamespaceService
-from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.lookup import LookupService
 
@@ -55,7 +54,7 @@ class SplitOutcome:
 
 
 class Operations:
-    """Assign, transfer, unload and split bundles, checking each request first."""
+    """Assign and split bundles, checking each request first."""
 
     def __init__(
         self,
@@ -63,9 +62,8 @@ class Operations:
         *,
         follower: ChannelFollower,
         proposer: Proposer,
-        registry: BrokerRegistry,
+        checks: RequestChecks,
         namespaces: NamespaceService,
-        maintenance: MaintenanceView,
         lookup: LookupService,
         link: BrokerLink,
         split_config: SplitConfig,
@@ -78,9 +76,8 @@ class Operations:
         self._metrics = metrics
         self._follower = follower
         self._proposer = proposer
-        self._registry = registry
+        self._checks = checks
         self._namespaces = namespaces
-        self._maintenance = maintenance
         self._lookup = lookup
         self._link = link
         self._split_config = split_config
@@ -92,9 +89,9 @@ class Operations:
         An Owned bundle is left as it is (PreconditionError if ``dst`` names another broker:
         that is a transfer).
         """
-        value = await self._known(bundle)
+        value = await self._checks.known(bundle)
         if dst is not None:
-            self._registered(dst)
+            self._checks.registered(dst)
         state = state_of(value)
         if value is not None and state is _S.Owned:
             owner = value.dst_broker
@@ -105,64 +102,11 @@ class Operations:
             assert owner is not None  # an Owned value names its owner
             return owner
         if dst is not None:
-            self._maintenance.refuse_cordoned(dst, f"assignment of {bundle} to {dst}")
-        self._not_in_flight(bundle, value)
+            self._checks.refuse_cordoned(dst, f"assignment of {bundle} to {dst}")
+        self._checks.not_in_flight(bundle, value)
         settled = await self._lookup.assign(bundle, dst)
         assert settled.dst_broker is not None
         return settled.dst_broker
-
-    async def transfer(self, bundle: BundleId, dst: BrokerId) -> tuple[BrokerId, BrokerId]:
-        """Move an Owned bundle to ``dst``: ``(src, dst)`` once ``dst`` owns it.
-
-        The source broker releases it before the destination is told to own it.
-        """
-        owner = await self.check_transfer(bundle, dst)
-        started = self._proposer.clock.monotonic()
-        await self._first_step(bundle, _S.Releasing, dst=dst, src=owner)
-        self._record("transfer", bundle, src=owner, dst=dst)
-        settled = await self._proposer.settle(
-            bundle,
-            lambda v: state_of(v) not in (_S.Releasing, _S.Assigning),
-            self._settle_timeout_s,
-        )
-        self._observe_unload(started)
-        if owner_of(settled) != dst:
-            now = "gone" if settled is None else f"{settled.state.value} at {settled.dst_broker}"
-            raise PreconditionError(
-                f"transfer of {bundle} to {dst} did not complete: the bundle is {now} (the "
-                "destination may have left during the move; the leader reassigned it)"
-            )
-        _log.info("transferred %s from %s to %s", bundle, owner, dst)
-        return owner, dst
-
-    async def check_transfer(self, bundle: BundleId, dst: BrokerId) -> BrokerId:
-        """The owner of ``bundle``, if it may be transferred to ``dst`` now (the checks of
-        :meth:`transfer`, which the leader runs before it executes an admin move)."""
-        value = await self._known(bundle)
-        self._registered(dst)
-        owner = self._owner(bundle, value)
-        if dst == owner:
-            raise PreconditionError(f"bundle {bundle} is already owned by {dst}")
-        self._maintenance.refuse_cordoned(dst, f"transfer of {bundle} to {dst}")
-        self._reachable(f"transfer {bundle}")
-        return owner
-
-    async def check_unload(self, bundle: BundleId) -> BrokerId:
-        """The owner of ``bundle``, if it may be unloaded now (the checks of :meth:`unload`)."""
-        return self._owner(bundle, await self._known(bundle))
-
-    async def unload(self, bundle: BundleId) -> BrokerId:
-        """Unload an Owned bundle (it becomes Free; the next lookup assigns it); its old owner."""
-        owner = await self.check_unload(bundle)
-        started = self._proposer.clock.monotonic()
-        await self._first_step(bundle, _S.Releasing, src=owner)
-        self._record("unload", bundle, src=owner)
-        await self._proposer.settle(
-            bundle, lambda v: state_of(v) is not _S.Releasing, self._settle_timeout_s
-        )
-        self._observe_unload(started)
-        _log.info("unloaded %s from %s", bundle, owner)
-        return owner
 
     async def split(
         self,
@@ -201,15 +145,15 @@ class Operations:
                 f"split boundaries are only for {SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE}, "
                 f"not {algo}"
             )
-        value = await self._known(bundle)
-        owner = self._owner(bundle, value)
+        value = await self._checks.known(bundle)
+        owner = self._checks.owner(bundle, value)
         if owner != self._me:
             raise PreconditionError(
                 f"bundle {bundle} is owned by {owner}: split it on that broker's sidecar"
             )
         # A split ends by cutting the namespace layout in the store: started while the store is
         # unreachable, it would stay Splitting until the leader rolled it back.
-        self._reachable("split a bundle (its namespace layout is in the store)")
+        self._checks.reachable("split a bundle (its namespace layout is in the store)")
         parsed = parse_bundle_id(bundle)
         record = await self._namespaces.get(parsed.namespace)
         topics = self._topics(bundle, parsed.range)
@@ -250,10 +194,6 @@ class Operations:
         _log.info("split %s into %s (%s)", bundle, ", ".join(children), algo)
         return SplitOutcome(bundle, children, self._me)
 
-    def _observe_unload(self, started: float) -> None:
-        self._metrics.unload_total.labels(result=SUCCESS, reason=ADMIN_REASON).inc()
-        self._metrics.unload_latency.observe(self._proposer.clock.monotonic() - started)
-
     def _record(
         self,
         kind: str,
@@ -264,45 +204,6 @@ class Operations:
         reason: str = "Admin",
     ) -> None:
         self._history.record_decision(kind, bundle, reason=reason, src=src, dst=dst)
-
-    # -- checks -----------------------------------------------------------------------------
-
-    async def _known(self, bundle: BundleId) -> ServiceUnitStateData | None:
-        """The bundle's value; NotFoundError unless it has one or its namespace layout holds it."""
-        parsed = parse_bundle_id(bundle)
-        if parsed.id != bundle:
-            raise InvalidInputError(f"bundle id {bundle!r} is not canonical; use {parsed.id!r}")
-        value = self._follower.get(bundle)
-        if value is not None:
-            if value.state is _S.Deleted:
-                raise NotFoundError(f"bundle {bundle} no longer exists: it was split")
-            return value
-        record = await self._namespaces.refresh(parsed.namespace)
-        try:
-            record.bundles().index(parsed.range)
-        except NotFoundError:
-            raise NotFoundError(
-                f"bundle {bundle} is not a bundle of namespace {parsed.namespace}"
-            ) from None
-        return None
-
-    def _registered(self, broker: BrokerId) -> None:
-        if self._registry.get(broker) is None:
-            raise NotFoundError(f"broker {broker} is not registered")
-
-    def _reachable(self, what: str) -> None:
-        if not self._registry.reachable:
-            raise UnavailableError(f"metadata store unreachable (safe mode): cannot {what}")
-
-    def _not_in_flight(self, bundle: BundleId, value: ServiceUnitStateData | None) -> None:
-        if value is not None and value.state.is_in_flight:
-            raise PreconditionError(f"bundle {bundle} is in flight ({value.state.value})")
-
-    def _owner(self, bundle: BundleId, value: ServiceUnitStateData | None) -> BrokerId:
-        self._not_in_flight(bundle, value)
-        if value is None or value.state is not _S.Owned or value.dst_broker is None:
-            raise PreconditionError(f"bundle {bundle} is not owned ({state_of(value).value})")
-        return value.dst_broker
 
     def _topics(self, bundle: BundleId, bundle_range: BundleRange) -> list[TopicLoad]:
         """The bundle's topics in the broker's latest report (ones that hash elsewhere, from a

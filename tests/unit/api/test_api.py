@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from lbd.api.admin import AdminServicer
 from lbd.api.errors import INTERNAL_MESSAGE
+from lbd.api.forwarding import leader_methods
 from lbd.api.loadbalancer import MAX_LOOKUPS_PER_CALL
 from lbd.api.server import track_fence
 from lbd.core.bundles import NamespaceBundles
@@ -530,6 +532,57 @@ async def test_split_and_rebalance_are_forwarded(harness: Harness) -> None:
         )
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert "already forwarded here by elsewhere" in details
+
+        # A Transfer is the leader's: asked of the follower, it runs there as an operation, and
+        # the operation is watched through the follower too.
+        moved = await follower.admin.Transfer(
+            lbd_pb2.TransferRequest(bundle=child, dst_broker_id=follower.sidecar.me), timeout=10
+        )
+        assert (moved.src_broker_id, moved.dst_broker_id) == (
+            leader.sidecar.me,
+            follower.sidecar.me,
+        )
+        [op] = leader.sidecar.tracker.list_operations()
+        assert op.description == f"transfer of {child} to {follower.sidecar.me} (from " + (
+            f"{leader.sidecar.me})"
+        )
+        watched = [
+            o async for o in follower.admin.WatchOperation(lbd_pb2.WatchOperationRequest(id=op.id))
+        ]
+        assert watched[-1].id == op.id
+        assert watched[-1].state == lbd_pb2.OPERATION_STATE_SUCCEEDED
+        assert follower.sidecar.tracker.list_operations() == []  # nothing ran on the follower
+        code, details = await status_of(
+            follower.admin.Unload(
+                lbd_pb2.UnloadRequest(bundle=child),
+                metadata=(("x-lbd-forwarded", "elsewhere"),),
+                timeout=5,
+            )
+        )
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "already forwarded here by elsewhere" in details
+
+
+def test_the_methods_that_run_on_the_leader_are_declared_on_the_servicer() -> None:
+    """One declaration per method (:func:`on_leader`), read by the forwarding layer."""
+    assert leader_methods(AdminServicer.__new__(AdminServicer), "lbd.v1.Admin") == {
+        f"/lbd.v1.Admin/{name}"
+        for name in (
+            "Transfer",
+            "Unload",
+            "Rebalance",
+            "Execute",
+            "ListOperations",
+            "GetOperation",
+            "WatchOperation",
+            "CancelOperation",
+            "Snapshot",
+            "Audit",
+            "ListDecisions",
+            "Drain",
+            "Decommission",
+        )
+    }
 
 
 # -- tracing -----------------------------------------------------------------------------------

@@ -430,6 +430,35 @@ class Harness:
             for sidecar in self.live():
                 await sidecar.registry.wait_for(expected)
 
+    async def leader(self, within_s: float = 10.0) -> Sidecar:
+        """The sidecar running the leader duties, once one does (the clock runs meanwhile)."""
+        waited = 0.0
+        while (found := next((s for s in self.live() if s.tracker.leading), None)) is None:
+            assert waited < within_s, f"no leader within {within_s}s of clock time"
+            await self.clock.run_for(0.1)
+            waited += 0.1
+        return found
+
+    async def admin_move(
+        self, bundle: BundleId, dst: BrokerId | None = None, within_s: float = 30.0
+    ) -> BrokerId:
+        """An admin Transfer (to ``dst``) or Unload of ``bundle`` as the API runs it, on the
+        leader (:meth:`~lbd.services.leader.operations.OperationTracker.admin_move`), while the
+        clock runs; the bundle's source broker, or the move's error."""
+        leader = await self.leader()
+        moving = asyncio.ensure_future(leader.tracker.admin_move(bundle, dst))
+        waited = 0.0
+        try:
+            for _ in range(5):
+                await asyncio.sleep(0)
+            while not moving.done():
+                assert waited < within_s, f"the move of {bundle} took over {within_s}s"
+                await self.clock.run_for(0.1)
+                waited += 0.1
+        finally:
+            moving.cancel()
+        return moving.result()
+
     def live(self) -> list[Sidecar]:
         """The sidecars not closed."""
         return [s for s in self.sidecars.values() if not s.closed]

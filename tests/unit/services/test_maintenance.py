@@ -124,9 +124,9 @@ async def test_explicit_moves_to_a_cordoned_broker_are_refused_and_change_nothin
         await seen_everywhere(h, b.me, M.CORDONED)
         before = len(h.log)
         with pytest.raises(PreconditionError, match=r"transfer of .* refused: broker broker-1 is "):
-            await a.operations.transfer(bundles[0], b.me)
+            await h.admin_move(bundles[0], b.me)
         with pytest.raises(PreconditionError, match="broker broker-1 is cordoned by broker-0"):
-            await b.operations.check_transfer(bundles[1], b.me)
+            await h.admin_move(bundles[1], b.me)
         other = NamespaceBundles.default(NamespaceName("public", "default"), 4).bundles()[0].id
         with pytest.raises(PreconditionError, match=r"assignment of .* to broker-1 refused"):
             await a.operations.assign(other, b.me)

@@ -77,7 +77,7 @@ async def test_transfer_moves_an_owned_bundle() -> None:
     async with Harness() as h:
         a, b = await h.start(2)
         await owned_by(h, B0, "broker-0")
-        assert await b.operations.transfer(B0, b.me) == ("broker-0", "broker-1")
+        assert await h.admin_move(B0, b.me) == "broker-0"
         await h.idle()
         value = a.follower.get(B0)
         assert (value.state, value.dst_broker, value.source_broker) == (
@@ -97,17 +97,17 @@ async def test_bad_transfer_requests_change_nothing() -> None:
         await h.idle()
         before = snapshot(h)
         with pytest.raises(PreconditionError, match="already owned by broker-0"):
-            await a.operations.transfer(B0, a.me)
+            await h.admin_move(B0, a.me)
         with pytest.raises(NotFoundError, match="broker nobody is not registered"):
-            await a.operations.transfer(B0, BrokerId("nobody"))
+            await h.admin_move(B0, BrokerId("nobody"))
         with pytest.raises(NotFoundError, match="is not a bundle of namespace"):
-            await a.operations.transfer(BundleId("public/default/0x00000000_0x00000010"), b.me)
+            await h.admin_move(BundleId("public/default/0x00000000_0x00000010"), b.me)
         with pytest.raises(PreconditionError, match=r"is not owned \(Init\)"):
-            await a.operations.transfer(BUNDLES[1], b.me)
+            await h.admin_move(BUNDLES[1], b.me)
         with pytest.raises(PreconditionError, match=r"in flight \(Assigning\)"):
-            await a.operations.transfer(BUNDLES[2], b.me)
+            await h.admin_move(BUNDLES[2], b.me)
         with pytest.raises(PreconditionError, match=r"is not owned \(Init\)"):
-            await a.operations.unload(BUNDLES[1])
+            await h.admin_move(BUNDLES[1])
         with pytest.raises(PreconditionError, match=r"in flight \(Assigning\)"):
             await a.operations.assign(BUNDLES[2])
         assert snapshot(h) == before
@@ -117,7 +117,7 @@ async def test_unload_frees_and_the_next_lookup_assigns_again() -> None:
     async with Harness() as h:
         a, _b = await h.start(2)
         await owned_by(h, B0, "broker-0")
-        assert await a.operations.unload(B0) == "broker-0"
+        assert await h.admin_move(B0) == "broker-0"
         await h.idle()
         assert a.follower.get(B0).state is S.Free
         assert a.served() == frozenset()
@@ -286,7 +286,7 @@ async def test_a_transfer_whose_destination_died_mid_move_says_so() -> None:
         await h.ready()
         await a.operations.assign(B0, a.me)
         await h.idle()
-        transfer = asyncio.create_task(a.operations.transfer(B0, b.me))
+        transfer = asyncio.create_task((await h.leader()).tracker.admin_move(B0, b.me))
         await turns(lambda: (v := a.follower.get(B0)) is not None and v.state is S.Assigning)
         await b.close()  # b dies before it took the bundle
         await settle(h.clock, transfer.done, seconds=40)

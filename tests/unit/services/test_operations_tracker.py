@@ -185,7 +185,7 @@ async def test_a_move_whose_bundle_changed_meanwhile_is_skipped_and_writes_nothi
         a, b = await all_on_first(h)
         leader = leader_of(h)
         # The bundle moved (to b) after the operation was planned from a.
-        assert await b.operations.transfer(BUNDLES[0], b.me) == (a.me, b.me)
+        assert await h.admin_move(BUNDLES[0], b.me) == a.me
         await h.idle()
         before = len(h.log)
         op = leader.tracker.start_operation(
@@ -198,19 +198,18 @@ async def test_a_move_whose_bundle_changed_meanwhile_is_skipped_and_writes_nothi
         assert len(h.log) == before
 
 
-async def test_an_admin_transfer_on_a_follower_runs_on_the_leader_as_an_operation() -> None:
+async def test_an_admin_transfer_runs_on_the_leader_as_an_operation() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
         leader = leader_of(h)
         ops = leader.tracker.list_operations()
-        src = await leader.operations.check_transfer(BUNDLES[1], b.me)
-        assert src == a.me
-        op = leader.tracker.start_operation(
-            OperationKind.ADMIN, "transfer", [Move(BUNDLES[1], src, b.me, "Admin")]
-        )
-        await settle(h.clock, lambda: op.state.finished)
-        assert op.state is OperationState.SUCCEEDED and h.owner(BUNDLES[1]) == b.me
-        assert len(leader.tracker.list_operations()) == len(ops) + 1
+        assert await h.admin_move(BUNDLES[1], b.me) == a.me
+        assert h.owner(BUNDLES[1]) == b.me
+        [op] = [op for op in leader.tracker.list_operations() if op not in ops]
+        assert (op.kind, op.state) == (OperationKind.ADMIN, OperationState.SUCCEEDED)
+        assert [(m.bundle, m.src, m.dst, m.state) for m in op.moves] == [
+            (BUNDLES[1], a.me, b.me, MoveState.DONE)
+        ]
         metric = leader.metrics.registry.get_sample_value(
             "lbd_unload_total", {"result": "Success", "reason": "Admin"}
         )
