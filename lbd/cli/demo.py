@@ -1,8 +1,8 @@
 """``lbd demo``: the core balancing a simulated cluster, drawn live in the terminal.
 
-Until the sidecar exists this is ``make run``'s main job: a scale-up from two brokers to five,
-then a hot namespace, with the default strategy (or another one) moving bundles through the
-state channel's resolver until the load's standard deviation is back under target.
+The pure core alone, with no server: a scale-up from two brokers to five, then a hot namespace,
+with the default strategy (or another one) moving bundles through the state channel's resolver
+until the load's standard deviation is back under target. ``make run`` runs a real cluster.
 """
 
 from __future__ import annotations
