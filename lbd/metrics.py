@@ -137,9 +137,18 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        self._decisions_families(self.registry)
+        self._load_families(self.registry)
+        self._channel_families(self.registry)
+        self._latencies_families(self.registry)
+        self._leadership_families(self.registry)
+        self._operating_families(self.registry)
+        self._auditor_families(self.registry)
+        self._grpc_families(self.registry)
+        self._init_series()
 
-        # -- decisions (Pulsar lb_unload_*, lb_assign_*, lb_bundles_split_* breakdowns) --------
+    def _decisions_families(self, r: CollectorRegistry) -> None:
+        """Decisions (Pulsar lb_unload_*, lb_assign_*, lb_bundles_split_* breakdowns)."""
         self.unload_total = Counter(
             "lbd_unload",
             "Unload decisions by result (Success, Skip, Failure) and reason (Overloaded, "
@@ -162,7 +171,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- load (Pulsar lb_resource_usage, lb_resource_usage_stats) --------------------------
+    def _load_families(self, r: CollectorRegistry) -> None:
+        """Load (Pulsar lb_resource_usage, lb_resource_usage_stats)."""
         self.resource_usage = Gauge(
             "lbd_resource_usage",
             "This sidecar's broker load (0..1+): max_ema (weighted, smoothed), max, and each "
@@ -191,7 +201,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- the state channel (Pulsar sunit_state_chn_*) --------------------------------------
+    def _channel_families(self, r: CollectorRegistry) -> None:
+        """The state channel (Pulsar sunit_state_chn_*)."""
         self.channel_publish_ops = Counter(
             "lbd_channel_publish_ops",
             "Values this sidecar proposed on the state channel, by state and result "
@@ -234,7 +245,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- latencies (Pulsar broker_load_manager_bundle_assigment and friends) ---------------
+    def _latencies_families(self, r: CollectorRegistry) -> None:
+        """Latencies (Pulsar broker_load_manager_bundle_assigment and friends)."""
         self.assign_latency = Histogram(
             "lbd_assign_latency_seconds",
             "From proposing Assigning to seeing the bundle Owned.",
@@ -254,7 +266,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- leadership ------------------------------------------------------------------------
+    def _leadership_families(self, r: CollectorRegistry) -> None:
+        """Leadership."""
         self.leader_term = Gauge(
             "lbd_leader_term",
             "The term of the leader this sidecar knows of (0: none known).",
@@ -277,7 +290,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- operating: the execution governor, operations, moves --------------------------------
+    def _operating_families(self, r: CollectorRegistry) -> None:
+        """Operating: the execution governor, operations, moves."""
         self.governor_queued = Gauge(
             "lbd_governor_moves_queued",
             "Moves waiting for the execution governor, by budget (balancing, recovery); "
@@ -316,7 +330,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- the safety auditor (lbd.services.leader.auditor) ------------------------------------
+    def _auditor_families(self, r: CollectorRegistry) -> None:
+        """The safety auditor (lbd.services.leader.auditor)."""
         self.audit_findings = Gauge(
             "lbd_audit_findings",
             "The leader's safety auditor's current findings, by kind (stale_owner, "
@@ -342,7 +357,8 @@ class Metrics:
             registry=r,
         )
 
-        # -- the gRPC API -----------------------------------------------------------------------
+    def _grpc_families(self, r: CollectorRegistry) -> None:
+        """The gRPC API."""
         self.grpc_client_errors = Counter(
             "lbd_grpc_client_errors",
             "Calls of lbd's services that failed by the client's doing, by method "
@@ -352,8 +368,6 @@ class Metrics:
             ["method", "kind"],
             registry=r,
         )
-
-        self._init_series()
 
     def _init_series(self) -> None:
         # Series Pulsar operators graph exist from the start at zero, not from their first event.
