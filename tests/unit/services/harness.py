@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from lbd.adapters.clock import ManualClock
@@ -304,6 +304,17 @@ class Sidecar:
         await self.services.close()
 
 
+async def settle(
+    clock: ManualClock, until: Callable[[], bool], seconds: float = 10.0, step: float = 0.1
+) -> None:
+    """Advance ``clock`` ``step`` at a time until ``until()`` holds; fail after ``seconds``."""
+    waited = 0.0
+    while not until():
+        assert waited < seconds, f"condition not reached within {seconds}s of clock time"
+        await clock.run_for(step)
+        waited += step
+
+
 class Harness:
     """A cluster of in-process sidecars on shared memory adapters and one manual clock."""
 
@@ -432,11 +443,13 @@ class Harness:
 
     async def leader(self, within_s: float = 10.0) -> Sidecar:
         """The sidecar running the leader duties, once one does (the clock runs meanwhile)."""
-        waited = 0.0
-        while (found := next((s for s in self.live() if s.tracker.leading), None)) is None:
-            assert waited < within_s, f"no leader within {within_s}s of clock time"
-            await self.clock.run_for(0.1)
-            waited += 0.1
+
+        def leading() -> Sidecar | None:
+            return next((s for s in self.live() if s.tracker.leading), None)
+
+        await settle(self.clock, lambda: leading() is not None, within_s)
+        found = leading()
+        assert found is not None
         return found
 
     async def admin_move(
@@ -447,14 +460,10 @@ class Harness:
         clock runs; the bundle's source broker, or the move's error."""
         leader = await self.leader()
         moving = asyncio.ensure_future(leader.tracker.admin_move(bundle, dst))
-        waited = 0.0
         try:
             for _ in range(5):
                 await asyncio.sleep(0)
-            while not moving.done():
-                assert waited < within_s, f"the move of {bundle} took over {within_s}s"
-                await self.clock.run_for(0.1)
-                waited += 0.1
+            await settle(self.clock, moving.done, within_s)
         finally:
             moving.cancel()
         return moving.result()

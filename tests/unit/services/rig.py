@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from harness import Harness
+from harness import Harness, settle
 
-from lbd.adapters.clock import ManualClock
+__all__ = ["settle"]  # defined beside the harness, which uses it too
+
 from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
@@ -27,15 +28,6 @@ QUIET = SidecarConfig(
 )
 """A sidecar whose schedulers (shedder, splits, monitor, checkpoints, load reports) only run
 when a test calls them: the tests of one scheduler are not disturbed by the others."""
-
-
-async def settle(clock: ManualClock, until: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Advance ``clock`` in small steps until ``until()`` holds; fail after ``seconds``."""
-    waited = 0.0
-    while not until():
-        assert waited < seconds, f"condition not reached within {seconds}s of clock time"
-        await clock.run_for(0.1)
-        waited += 0.1
 
 
 async def turns(until: Callable[[], bool], limit: int = 1000) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import AsyncGenerator
 
 import pytest
-from harness import Harness, Sidecar
+from harness import Harness, Sidecar, settle
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
@@ -67,8 +67,7 @@ async def _add_while_time_runs(h: Harness, channel: _SlowCatchUp) -> tuple[Sidec
     started = h.clock.monotonic()
     adding = asyncio.ensure_future(h.add("broker-a", channel=channel))
     try:
-        while not adding.done():
-            await h.clock.run_for(0.01, step=0.01)
+        await settle(h.clock, adding.done, step=0.01)
     finally:
         adding.cancel()
     return adding.result(), h.clock.monotonic() - started
