@@ -61,8 +61,8 @@ from bench import (
     startup_bench,
 )
 from bench.report import Figure, figures_table, measurements_table
-from lbd.sim.balance_suite import run_suite
-from lbd.sim.balance_suite import table as balance_table
+from lbd.workload.suite import run_suite
+from lbd.workload.suite import table as balance_table
 
 SUITES = (
     "core",

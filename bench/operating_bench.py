@@ -32,7 +32,7 @@ from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.cluster import DEV_SETTINGS, DevCluster, DevClusterSpec, down, up
 from lbd.gen.v1 import lbd_pb2
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 TRANSFERS_NAMESPACE = "bench/transfers"
 DRAIN_NAMESPACE = "bench/drain"

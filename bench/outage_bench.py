@@ -26,7 +26,7 @@ from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevClusterSpec, dev_settings, down, up
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 NAMESPACE = "bench/outages"
 OWNED = 12

@@ -44,7 +44,7 @@ from lbd.core.state import ServiceUnitState, decode_value
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevCluster, DevClusterSpec, down, up
 from lbd.gen.v1 import lbd_pb2_grpc
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 NAMESPACE = "bench/recovery"
 TIMEOUT_S = 300.0

@@ -74,7 +74,7 @@ from lbd.devcluster.processes import SidecarProcess, SimBrokerProcess, settings_
 from lbd.gen.v1 import lbd_pb2_grpc
 from lbd.services.channel import checkpoints
 from lbd.services.channel.follower import ChannelFollower
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 PROFILES: Mapping[str, Mapping[str, str]] = {"dev": DEV_SETTINGS, "default": {}}
 """Timing profiles: the dev cluster's short timings, and lbd's defaults."""

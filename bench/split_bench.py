@@ -50,7 +50,7 @@ from lbd.core.names import NamespaceName
 from lbd.ctl.client import SidecarClient
 from lbd.devcluster.cluster import DevCluster, DevClusterSpec, down, up
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 NAMESPACE = "bench/split"
 CHILDREN = 5_000

@@ -6,7 +6,7 @@ bundles are scattered at random when it leaves; a joining broker starts empty). 
 default shedding strategy over this demand to produce a history with decisions in it.
 
 Every broker has a 1 Gbit/s NIC (125 MB/s each way) and its load is its inbound bandwidth share,
-as in :mod:`lbd.sim.corecluster`. Traffic is each bundle's lognormal base rate, times a diurnal
+as in :mod:`lbd.workload.demo`. Traffic is each bundle's lognormal base rate, times a diurnal
 curve whose phase differs by namespace (tenants in different time zones), times a small
 per-sample noise. Scenarios add:
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from lbd.analytics.engine import MESSAGE_SIZE, StepOutcome, simulate
+from lbd.analytics.engine import StepOutcome, simulate
 from lbd.analytics.progress import spark_progress
 from lbd.analytics.scenarios import SynthSpec, demand
 from lbd.core.errors import InvalidInputError
@@ -29,6 +29,7 @@ from lbd.core.tuning import SheddingConfig
 from lbd.history.parquet import Row, open_target, partition_of, write_rows
 from lbd.history.rows import broker_load_row, bundle_load_row, common, decision_row
 from lbd.history.schema import BROKER_LOAD, BUNDLE_LOAD, DECISIONS
+from lbd.workload.model import MESSAGE_SIZE
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -10,7 +10,7 @@
   a time, in ``LookupMany`` calls, each caller getting its own answer or error.
 
 It uses the core, the generated gRPC code and grpc, nothing of the sidecar; the simulated broker
-(:mod:`lbd.sim.broker`) runs on it.
+(:mod:`lbd.devcluster.sim_broker`) runs on it.
 """
 
 from lbd.broker.client import BrokerClient, BrokerHandler, NewOwner

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.shedding import STRATEGIES
-from lbd.sim.balance_scenarios import SCENARIOS
-from lbd.sim.balance_suite import SUITE_TARGET_STD, markdown, run_suite, suite_config, table
+from lbd.workload.scenarios import SCENARIOS
+from lbd.workload.suite import SUITE_TARGET_STD, markdown, run_suite, suite_config, table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

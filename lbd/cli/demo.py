@@ -2,7 +2,9 @@
 
 The pure core alone, with no server: a scale-up from two brokers to five, then a hot namespace,
 with the default strategy (or another one) moving bundles through the state channel's resolver
-until the load's standard deviation is back under target. ``make run`` runs a real cluster.
+until the load's standard deviation is back under target. Two spreads are shown: ``std``, of the
+load EMA the shedder acts on, and ``carried_std``, of the load the brokers carry (what clients
+feel; the EMA follows it a few cycles late). ``make run`` runs a real cluster.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from rich.text import Text
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.shedding import DEFAULT_STRATEGY, STRATEGIES
-from lbd.sim.corecluster import CoreCluster, CycleReport, SimSpec
+from lbd.workload.demo import CoreCluster, CycleReport, SimSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,6 +91,7 @@ def _as_json(report: CycleReport) -> dict[str, object]:
         "cycle": report.cycle,
         "avg": report.avg,
         "std": report.std,
+        "carried_std": report.carried_std,
         "skip_reason": report.skip_reason,
         "events": list(report.events),
         "decisions": [
@@ -96,7 +99,12 @@ def _as_json(report: CycleReport) -> dict[str, object]:
             for d in report.decisions
         ],
         "brokers": {
-            r.broker: {"bundles": r.bundles, "load": r.load, "throughput_mb": r.throughput_mb}
+            r.broker: {
+                "bundles": r.bundles,
+                "load": r.load,
+                "carried": r.carried,
+                "throughput_mb": r.throughput_mb,
+            }
             for r in report.brokers
         },
         "moves_total": report.moves_total,
@@ -114,6 +122,7 @@ def _render(report: CycleReport, spec: SimSpec, log: list[str]) -> Group:
     table.add_column("bundles", justify="right")
     table.add_column("MB/s", justify="right")
     table.add_column("load (EMA)", justify="right")
+    table.add_column("carried", justify="right")
     table.add_column("")
     for row in report.brokers:
         bar = "█" * round(min(row.load, 1.0) * 30)
@@ -123,13 +132,17 @@ def _render(report: CycleReport, spec: SimSpec, log: list[str]) -> Group:
             str(row.bundles),
             f"{row.throughput_mb:.1f}",
             f"{row.load:.2f}",
+            f"{row.carried:.2f}",
             Text(bar, style=style),
         )
     std_style = "green" if report.std <= target else "yellow"
+    carried_style = "green" if report.carried_std <= target else "yellow"
     summary = Text.assemble(
         f"avg {report.avg:.3f}   ",
         (f"std {report.std:.3f}", std_style),
-        f" (target {target})   moves {report.moves_total}   ",
+        " of the EMA, ",
+        (f"{report.carried_std:.3f}", carried_style),
+        f" carried (target {target})   moves {report.moves_total}   ",
         f"last cycle: {len(report.decisions)} decision(s)"
         + (f", skipped: {report.skip_reason}" if report.skip_reason else ""),
     )

@@ -17,9 +17,9 @@ from pathlib import Path
 from lbd.cli import sim_check
 from lbd.cli.ctl import add_credential_flags, credentials_from
 from lbd.core.errors import InvalidInputError
-from lbd.sim.broker import SimBrokerConfig, run_sim_broker
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.devcluster.sim_broker import SimBrokerConfig, run_sim_broker
 from lbd.tasks import run_event_loop
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,7 +11,7 @@ with load).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -208,6 +208,11 @@ class BundleLoad:
     def sessions(self) -> int:
         """Producers plus consumers (Pulsar's split ``sessions`` threshold)."""
         return self.consumer_count + self.producer_count
+
+
+def top_bundles(bundles: Iterable[BundleLoad], count: int) -> tuple[BundleLoad, ...]:
+    """The ``count`` busiest bundles (by throughput in + out), busiest first."""
+    return tuple(sorted(bundles, key=lambda b: (-b.msg_throughput, b.bundle))[:count])
 
 
 @dataclass(frozen=True, slots=True)

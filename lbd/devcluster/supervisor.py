@@ -56,7 +56,7 @@ from lbd.devcluster.processes import (
 )
 from lbd.devcluster.secure import DevSecurity, make_security
 from lbd.devcluster.servers import EtcdServer, ManagedServer, PulsarLiteServer
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 _log = logging.getLogger("lbd.devcluster")
 

@@ -31,7 +31,7 @@ from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.cluster import DevCluster, dev_settings, load_cluster
 from lbd.devcluster.serving import read_events
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 UP_TIMEOUT_S = 120
 _T = TypeVar("_T")

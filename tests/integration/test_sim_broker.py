@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from lbd.broker.events import EventLog
+from lbd.devcluster.sim_broker import SimBroker, SimBrokerConfig
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from lbd.sim.broker import SimBroker, SimBrokerConfig
-from lbd.sim.workload import Workload, WorkloadSpec
+from lbd.workload.traffic import Workload, WorkloadSpec
 
 BUNDLE = "public/default/0x00000000_0x40000000"
 OTHER = "public/default/0x40000000_0x80000000"

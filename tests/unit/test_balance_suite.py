@@ -8,9 +8,9 @@ import functools
 import pytest
 
 from lbd.cli.main import main
-from lbd.sim.balance import BalanceSim, RunResult
-from lbd.sim.balance_scenarios import SCENARIOS, scale_up
-from lbd.sim.balance_suite import markdown, run_suite, suite_config
+from lbd.workload.balance import BalanceSim, RunResult
+from lbd.workload.scenarios import SCENARIOS, scale_up
+from lbd.workload.suite import markdown, run_suite, suite_config
 
 
 @functools.cache
@@ -28,10 +28,10 @@ def test_moving_a_bundle_moves_its_load() -> None:
     sim = BalanceSim(scale_up(1), "cluster_planner", suite_config())
     sim.step(0)
     before = sim.actual_loads()
-    bundle, owner = next(iter(sim.owners.items()))
-    other = next(b for b in sim.capacity if b != owner)
-    share = sim.traffic[bundle] / 2 / (125.0 * 1024 * 1024)
-    sim.owners[bundle] = other
+    bundle, owner = next(iter(sim.model.owners.items()))
+    other = next(b for b in sim.model.capacity if b != owner)
+    share = sim.model.traffic[bundle] / 2 / (125.0 * 1024 * 1024)
+    sim.model.owners[bundle] = other
     after = sim.actual_loads()
     assert after[owner] == pytest.approx(before[owner] - share)
     assert after[other] == pytest.approx(before[other] + share)
@@ -41,9 +41,9 @@ def test_a_leaving_broker_s_bundles_are_placed_on_the_others() -> None:
     sim = BalanceSim(SCENARIOS["scale-down"](1), "transfer_shedder", suite_config())
     sim.step(0)
     sim.step(1)  # five brokers leave
-    assert len(sim.capacity) == 5
-    assert set(sim.owners.values()) <= set(sim.capacity)
-    assert len(sim.owners) == len(sim.scenario.traffic)
+    assert len(sim.model.capacity) == 5
+    assert set(sim.model.owners.values()) <= set(sim.model.capacity)
+    assert len(sim.model.owners) == len(sim.scenario.traffic)
 
 
 def test_the_run_is_the_same_for_a_seed() -> None:

@@ -30,6 +30,7 @@ from lbd.core.load import (
     BundleLoad,
     ResourceWeights,
     TopBundlesLoadData,
+    top_bundles,
 )
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
@@ -53,11 +54,6 @@ class UsageSampler(Protocol):
     def sample(self, now_s: float) -> BrokerUsage:
         """The usage now (``now_s``: monotonic seconds); OSError/InvalidInputError on failure."""
         ...
-
-
-def top_bundles(bundles: tuple[BundleLoad, ...], count: int) -> tuple[BundleLoad, ...]:
-    """The ``count`` busiest bundles (by throughput in + out), busiest first."""
-    return tuple(sorted(bundles, key=lambda b: (-b.msg_throughput, b.bundle))[:count])
 
 
 class LoadReporter:

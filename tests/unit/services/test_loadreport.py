@@ -21,6 +21,7 @@ from lbd.core.load import (
     BundleLoad,
     ResourceUsage,
     TopBundlesLoadData,
+    top_bundles,
 )
 from lbd.core.tuning import SidecarConfig
 from lbd.metrics import Metrics
@@ -28,7 +29,7 @@ from lbd.ports.history import NoHistory
 from lbd.services.cluster.loads import LoadView
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.hostload import HostLoadSampler, parse_cpu, parse_meminfo, parse_net_dev
-from lbd.services.sidecar.loadreport import LoadReporter, StaleReportError, top_bundles
+from lbd.services.sidecar.loadreport import LoadReporter, StaleReportError
 
 ME = BrokerId("broker-a")
 TTL_MS = 30_000

@@ -16,7 +16,7 @@ from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.tuning import MB
-from lbd.sim.balance import BalanceScenario, Event
+from lbd.workload.balance import BalanceScenario, Event
 
 NIC_MB = 125.0
 """Network capacity of a standard broker, MB/s each way."""

@@ -1,6 +1,6 @@
 """The scenario suite that ranks shedding strategies (``lbd bench balance``, ``make bench``).
 
-Every scenario of :data:`~lbd.sim.balance_scenarios.SCENARIOS` runs under every strategy with the
+Every scenario of :data:`~lbd.workload.scenarios.SCENARIOS` runs under every strategy with the
 same settings: the defaults, with ``target_std`` at :data:`SUITE_TARGET_STD` (the spread an operator
 of a production cluster asks for; the default 0.25 lets a broker sit at twice another's load).
 """
@@ -14,8 +14,8 @@ from rich.table import Table
 
 from lbd.core.shedding import STRATEGIES
 from lbd.core.tuning import SheddingConfig
-from lbd.sim.balance import BalanceSim, RunResult
-from lbd.sim.balance_scenarios import SCENARIOS
+from lbd.workload.balance import BalanceSim, RunResult
+from lbd.workload.scenarios import SCENARIOS
 
 SUITE_TARGET_STD = 0.10
 """The target std of every run of the suite."""

@@ -6,8 +6,8 @@ from lbd.core.bundles import NamespaceBundles, parse_bundle_id, topic_hash
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName
-from lbd.sim.broker import SimBroker, SimBrokerConfig, load_report
-from lbd.sim.workload import Workload, WorkloadSpec, _NamePool
+from lbd.devcluster.sim_broker import SimBroker, SimBrokerConfig, load_report
+from lbd.workload.traffic import Workload, WorkloadSpec, _NamePool
 
 NS = NamespaceName("public", "default")
 BUNDLES = [b.id for b in NamespaceBundles.default(NS, 16).bundles()]

@@ -3,7 +3,7 @@
 It runs on the broker-side library (:class:`lbd.broker.BrokerClient`), which keeps the session,
 the serving lease and the acks: it says Hello with a synthetic :class:`BrokerInfo`, serves the
 bundles it is told to ``Own``, stops serving them on ``Release`` and ``Close``, and sends a load
-report every ``report_interval_s`` computed by a :class:`~lbd.sim.workload.Workload` from the
+report every ``report_interval_s`` computed by a :class:`~lbd.workload.traffic.Workload` from the
 bundles it serves. When its session ends or its lease runs out it stops serving everything and
 forgets it; it reconnects with a capped exponential backoff, and on the new session the sidecar
 sends ``Own`` again for what the broker still owns.
@@ -30,7 +30,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import ResourceUsage
 from lbd.gen.v1 import lbd_pb2
-from lbd.sim.workload import BrokerSample, BundleTraffic, Workload
+from lbd.workload.traffic import BrokerSample, BundleTraffic, Workload
 
 _log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import pytest
 
 from lbd.cli.main import main
 from lbd.core.state import ServiceUnitState
-from lbd.sim.corecluster import CoreCluster, SimSpec
+from lbd.workload.demo import CoreCluster, SimSpec
 
 
 def run_cycles(spec: SimSpec, n: int) -> tuple[CoreCluster, list]:

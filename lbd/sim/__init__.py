@@ -1,1 +1,0 @@
-"""Simulations of a cluster, for the demo, tests and benchmarks."""
