@@ -12,10 +12,10 @@ from lbd.core.bundles import NamespaceBundles, bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad
 from lbd.core.names import NamespaceName
+from lbd.core.settings import AssignmentConfig, SheddingConfig
 from lbd.core.shedding import STRATEGIES, LoadSnapshot, ShedderState, Strategy
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition, StateTable
-from lbd.core.tuning import AssignmentConfig, SheddingConfig
 
 
 @dataclass(frozen=True, slots=True)

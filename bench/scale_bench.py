@@ -62,7 +62,7 @@ from lbd.adapters.pulsar_channel import PulsarChannelLog
 from lbd.adapters.pulsar_client import PulsarConnection
 from lbd.config import Settings
 from lbd.config.loader import load_settings
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName

@@ -39,7 +39,7 @@ from lbd.api.tracing import console_requested, install_tracing
 from lbd.broker.credentials import INSECURE, ClientCredentials
 from lbd.config import Settings
 from lbd.config.invariants import authenticates
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
 from lbd.metrics import Metrics

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import STRATEGIES, mean_and_std
-from lbd.core.tuning import MB, SheddingConfig
 from lbd.history.schema import DecisionKind
 from lbd.workload.model import LoadModel, Move
 

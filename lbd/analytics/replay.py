@@ -29,8 +29,8 @@ from lbd.analytics.progress import spark_progress
 from lbd.core.balance_metrics import episodes, ping_pongs
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import DEFAULT_STRATEGY, STRATEGIES
-from lbd.core.tuning import SheddingConfig
 from lbd.history.schema import DecisionKind
 
 if TYPE_CHECKING:

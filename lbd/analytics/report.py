@@ -30,7 +30,7 @@ from lbd.analytics.history_io import HistoryFrames, read_history
 from lbd.analytics.progress import spark_progress
 from lbd.core.balance_metrics import Episode
 from lbd.core.errors import InvalidInputError
-from lbd.core.tuning import SheddingConfig
+from lbd.core.settings import SheddingConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

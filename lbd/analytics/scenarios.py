@@ -33,7 +33,7 @@ from lbd.core.bundles import NamespaceBundles
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
-from lbd.core.tuning import MB
+from lbd.core.settings import MB
 
 BROKER_CAPACITY = 125.0 * MB
 """Bytes/s each way of one broker's NIC."""

@@ -24,8 +24,8 @@ from lbd.analytics.scenarios import SynthSpec, demand
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
 from lbd.core.load import BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import DEFAULT_STRATEGY
-from lbd.core.tuning import SheddingConfig
 from lbd.history.parquet import Row, open_target, partition_of, write_rows
 from lbd.history.rows import broker_load_row, bundle_load_row, common, decision_row
 from lbd.history.schema import BROKER_LOAD, BUNDLE_LOAD, DECISIONS

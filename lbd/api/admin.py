@@ -1,13 +1,14 @@
 """``lbd.v1.Admin``: the operator's calls (``grpcurl``, ``lbd ctl``).
 
 Reads (brokers, leader, bundles, load) are answered from this sidecar's own view. An assignment
-and a split go to :class:`~lbd.services.sidecar.operations.Operations`, namespaces to the namespace
-service. The thirteen methods declared :func:`~lbd.api.forwarding.on_leader` (Transfer and Unload,
-Rebalance, Execute, the operations, Snapshot, Audit, ListDecisions, Drain and Decommission) run on
-the leader's sidecar: on any other, the server's forwarding layer sends them there before they
-reach this servicer (:class:`~lbd.api.forwarding.LeaderForwarding`). An admin Transfer or Unload
-is the leader's :meth:`~lbd.services.leader.operations.OperationTracker.admin_move`. Split runs on
-the bundle owner's sidecar, and is forwarded there by :meth:`AdminServicer.Split` itself.
+and a split go to :class:`~lbd.services.sidecar.assign_split.Operations`, namespaces to the
+namespace service. The thirteen methods declared :func:`~lbd.api.forwarding.on_leader`
+(Transfer and Unload, Rebalance, Execute, the operations, Snapshot, Audit, ListDecisions, Drain
+and Decommission) run on the leader's sidecar: on any other, the server's forwarding layer sends
+them there before they reach this servicer (:class:`~lbd.api.forwarding.LeaderForwarding`). An
+admin Transfer or Unload is the leader's
+:meth:`~lbd.services.leader.tracker.OperationTracker.admin_move`. Split runs on the bundle
+owner's sidecar, and is forwarded there by :meth:`AdminServicer.Split` itself.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
 if TYPE_CHECKING:
     from lbd.services.channel.follower import ChannelFollower
     from lbd.services.cluster.loads import LoadView
-    from lbd.services.cluster.maintenance import MaintenanceView
+    from lbd.services.cluster.maintenance_view import MaintenanceView
     from lbd.services.cluster.namespaces import NamespaceService
     from lbd.services.cluster.registry import BrokerRegistry
     from lbd.services.leader.auditor import SafetyAuditor
     from lbd.services.leader.decisions import DecisionLog
+    from lbd.services.leader.drain import Drainer
     from lbd.services.leader.election import LeaderElector
-    from lbd.services.leader.maintenance import Drainer
-    from lbd.services.leader.operations import OperationTracker
     from lbd.services.leader.shedding import UnloadScheduler
+    from lbd.services.leader.tracker import OperationTracker
+    from lbd.services.sidecar.assign_split import Operations
     from lbd.services.sidecar.lookup import LookupService
-    from lbd.services.sidecar.operations import Operations
 
 _log = logging.getLogger(__name__)
 

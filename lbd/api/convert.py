@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from lbd.core.audit import AuditReport
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     BrokerMessage,
     CommandAck,

@@ -28,7 +28,7 @@ import grpc
 
 from lbd.broker.backoff import Backoff
 from lbd.broker.credentials import INSECURE, ClientCredentials
-from lbd.core.broker import ServingLease
+from lbd.core.broker_info import ServingLease
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId

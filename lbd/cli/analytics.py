@@ -83,7 +83,7 @@ def _spark_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _session(args: argparse.Namespace, app: str) -> Any:
-    from lbd.analytics.session import parse_conf, spark_session
+    from lbd.analytics.spark import parse_conf, spark_session
 
     return spark_session(args.master, app_name=app, conf=parse_conf(args.spark_conf))
 
@@ -96,7 +96,7 @@ def _require_history(path: str) -> None:
 def run_synth(args: argparse.Namespace) -> int:
     """``lbd analytics synth``."""
     from lbd.analytics.scenarios import ScenarioName, SynthSpec
-    from lbd.analytics.session import require_pyspark
+    from lbd.analytics.spark import require_pyspark
     from lbd.analytics.synth import synth
 
     spec = SynthSpec(
@@ -126,7 +126,7 @@ def run_synth(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     """``lbd analytics report``."""
     from lbd.analytics.report import ReportOptions, build_report
-    from lbd.analytics.session import require_pyspark
+    from lbd.analytics.spark import require_pyspark
 
     options = ReportOptions(
         target_std=args.target_std,
@@ -151,7 +151,7 @@ def run_replay(args: argparse.Namespace) -> int:
     """``lbd analytics replay``."""
     from lbd.analytics.replay import parse_grid
     from lbd.analytics.replay import run_replay as replay
-    from lbd.analytics.session import require_pyspark
+    from lbd.analytics.spark import require_pyspark
     from lbd.core.shedding import STRATEGIES
 
     grid = parse_grid(args.grid) if args.grid else None

@@ -2,7 +2,7 @@
 variables and flags, with every problem reported at once.
 
 This is the settings layer, not the core: the core takes its knobs as the dataclasses of
-:mod:`lbd.core.tuning`, which the ``to_core()`` methods of the sections build.
+:mod:`lbd.core.settings`, which the ``to_core()`` methods of the sections build.
 """
 
 from lbd.config.flags import add_cluster_flags, settings_from_args

@@ -2,7 +2,7 @@
 
 Every field's docstring is its documentation (``lbd config defaults`` prints it as a comment), so
 it says what the key does and why its default is what it is. Knobs of the pure core take their
-defaults from the core dataclasses (:mod:`lbd.core.tuning`), and ``to_core()`` builds those
+defaults from the core dataclasses (:mod:`lbd.core.settings`), and ``to_core()`` builds those
 dataclasses back, so a default is written in one place only.
 
 Cross-field rules (timing invariants and the like) live in :mod:`lbd.config.invariants`.
@@ -33,7 +33,7 @@ from pydantic import (
 from lbd.config.invariants import check_invariants
 from lbd.core.errors import InvalidInputError
 from lbd.core.names import TopicName
-from lbd.core.tuning import (
+from lbd.core.settings import (
     AssignmentConfig,
     Budget,
     GovernorConfig,

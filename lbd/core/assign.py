@@ -19,7 +19,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
-from lbd.core.tuning import AssignmentConfig
+from lbd.core.settings import AssignmentConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from typing import Any, Final
 
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.table import DIGEST_MODULUS, ChannelPosition
-from lbd.core.tuning import MonitorConfig
 
 _S = ServiceUnitState
 

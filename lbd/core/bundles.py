@@ -33,7 +33,7 @@ from enum import StrEnum
 from lbd.core.errors import InvalidInputError, NotFoundError
 from lbd.core.ids import BundleId
 from lbd.core.names import NamespaceName, TopicName
-from lbd.core.tuning import MB, SplitConfig
+from lbd.core.settings import MB, SplitConfig
 
 FULL_LOWER = 0x00000000
 FULL_UPPER = 0xFFFFFFFF

@@ -1,8 +1,8 @@
 """The broker's serving lease, as the broker keeps it (DESIGN §5, docs/safety.md).
 
 A broker may serve bundles only while it holds an unexpired lease from its sidecar. It asks with
-a :class:`~lbd.core.broker.LeaseRequest` and the sidecar answers, while it can vouch for the
-broker's ownership, with a :class:`~lbd.core.broker.ServingLease` for the same sequence number.
+a :class:`~lbd.core.broker_info.LeaseRequest` and the sidecar answers, while it can vouch for the
+broker's ownership, with a :class:`~lbd.core.broker_info.ServingLease` for the same sequence number.
 The lease runs for ``duration`` from when the broker **sent** that request, on the broker's own
 monotonic clock: a grant that was delayed (a paused sidecar, a paused broker reading it late, a
 slow network) therefore never lasts longer than the sidecar meant, and the sidecar can bound the
@@ -18,7 +18,7 @@ broker dropped its bundles even when it never saw the lease run out.
 
 from __future__ import annotations
 
-from lbd.core.broker import LeaseRequest, ServingLease
+from lbd.core.broker_info import LeaseRequest, ServingLease
 
 
 class BrokerLease:

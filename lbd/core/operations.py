@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import LoadSnapshot, ShedderState, UnloadDecision, mean_and_std
 from lbd.core.shedding.model import usable_load
 from lbd.core.shedding.planner import estimate
-from lbd.core.tuning import SheddingConfig
 
 
 class MoveState(enum.Enum):

@@ -64,7 +64,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
-from lbd.core.tuning import MB, SplitConfig
+from lbd.core.settings import MB, SplitConfig
 
 
 class SplitReason(StrEnum):

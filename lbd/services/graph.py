@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lbd.core.audit import AuditBounds, AuditData
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.ids import BrokerId
 from lbd.core.names import NamespaceName
+from lbd.core.settings import SidecarConfig
 from lbd.core.state import ServiceUnitStateData, owner_of
 from lbd.core.table import ApplyResult
-from lbd.core.tuning import SidecarConfig
 from lbd.metrics import Metrics
 from lbd.ports.channel import ChannelLog
 from lbd.ports.checkpoint import CheckpointStore
@@ -49,25 +49,25 @@ from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.assigner import Assigner
 from lbd.services.cluster.checks import RequestChecks
 from lbd.services.cluster.loads import LoadView
-from lbd.services.cluster.maintenance import MaintenanceView
+from lbd.services.cluster.maintenance_view import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.leader.auditor import SafetyAuditor
 from lbd.services.leader.decisions import DecisionLog
+from lbd.services.leader.drain import Drainer
 from lbd.services.leader.election import LeaderElector
 from lbd.services.leader.governor import ExecutionGovernor
-from lbd.services.leader.maintenance import Drainer
 from lbd.services.leader.monitor import OwnershipMonitor
-from lbd.services.leader.operations import OperationTracker
 from lbd.services.leader.shedding import UnloadScheduler
+from lbd.services.leader.tracker import OperationTracker
+from lbd.services.sidecar.assign_split import Operations
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.fencing import Fence
 from lbd.services.sidecar.loadreport import LoadReporter, UsageSampler
 from lbd.services.sidecar.lookup import LookupService
-from lbd.services.sidecar.operations import Operations
-from lbd.services.sidecar.ownership import OwnershipReactor
+from lbd.services.sidecar.reactor import OwnershipReactor
 from lbd.services.sidecar.registration import BrokerRegistration
-from lbd.services.sidecar.session import SessionWatcher
+from lbd.services.sidecar.session_watch import SessionWatcher
 from lbd.services.sidecar.splitting import SplitScheduler
 from lbd.tasks import cancel_and_wait, guard, idle_timeout
 

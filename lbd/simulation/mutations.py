@@ -17,11 +17,11 @@ from typing import Any
 
 from lbd.core import table
 from lbd.core.ids import BundleId
+from lbd.core.settings import SidecarTimings
 from lbd.core.state import Rule, ServiceUnitStateData, Verdict, resolve
-from lbd.core.tuning import SidecarTimings
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.fencing import Fence
-from lbd.services.sidecar.ownership import OwnershipReactor
+from lbd.services.sidecar.reactor import OwnershipReactor
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
 from lbd.core import probes
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     BrokerMessage,
     CloseCommand,
@@ -60,15 +60,15 @@ from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
-from lbd.core.state import ServiceUnitState, owner_of, server_of
-from lbd.core.table import ChannelPosition, StateTable
-from lbd.core.tuning import (
+from lbd.core.settings import (
     MonitorConfig,
     SheddingConfig,
     SidecarConfig,
     SidecarTimings,
     SplitConfig,
 )
+from lbd.core.state import ServiceUnitState, owner_of, server_of
+from lbd.core.table import ChannelPosition, StateTable
 from lbd.ports.channel import ChannelMessage
 from lbd.ports.clock import TimeoutScope
 from lbd.services import graph
@@ -968,7 +968,7 @@ class World:
 
     async def _admin_move(self, bundle: BundleId, dst: BrokerId | None) -> None:
         """An admin Transfer (``dst``) or Unload as the API runs it: the leader's
-        :meth:`~lbd.services.leader.operations.OperationTracker.admin_move` (any sidecar's API
+        :meth:`~lbd.services.leader.tracker.OperationTracker.admin_move` (any sidecar's API
         forwards the call there)."""
         leader = self._leader()
         if leader is not None:

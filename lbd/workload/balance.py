@@ -27,8 +27,8 @@ from lbd.core.balance_metrics import ping_pongs
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import STRATEGIES
-from lbd.core.tuning import MB, SheddingConfig
 from lbd.workload.model import LoadModel, Move, moves_per_broker
 
 NOISE = 0.03

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import DEFAULT_STRATEGY, STRATEGIES, UnloadDecision
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition, StateTable
-from lbd.core.tuning import MB, SheddingConfig
 from lbd.workload.model import LoadModel, Move
 
 BROKER_CAPACITY_MB = 125.0

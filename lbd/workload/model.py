@@ -44,6 +44,7 @@ from lbd.core.load import (
     ResourceWeights,
     top_bundles,
 )
+from lbd.core.settings import MB, AssignmentConfig, SheddingConfig
 from lbd.core.shedding import (
     STRATEGIES,
     LoadSnapshot,
@@ -52,7 +53,6 @@ from lbd.core.shedding import (
     UnloadDecision,
     mean_and_std,
 )
-from lbd.core.tuning import MB, AssignmentConfig, SheddingConfig
 
 _K = TypeVar("_K")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
-from lbd.core.tuning import MB
+from lbd.core.settings import MB
 from lbd.workload.balance import BalanceScenario, Event
 
 NIC_MB = 125.0

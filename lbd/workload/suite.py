@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from rich.table import Table
 
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import STRATEGIES
-from lbd.core.tuning import SheddingConfig
 from lbd.workload.balance import BalanceSim, RunResult
 from lbd.workload.scenarios import SCENARIOS
 

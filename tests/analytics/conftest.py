@@ -28,7 +28,7 @@ SPARK_CONF = {
 def spark() -> Iterator[Any]:
     """The session's SparkSession, local[2] on loopback."""
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from lbd.analytics.session import spark_session
+    from lbd.analytics.spark import spark_session
 
     session = spark_session("local[2]", app_name="lbd-tests", conf=SPARK_CONF)
     yield session

@@ -21,7 +21,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
-from lbd.core.tuning import AssignmentConfig
+from lbd.core.settings import AssignmentConfig
 
 B1, B2, B3, B4 = (BrokerId(f"broker-{i}:8080") for i in range(1, 5))
 BUNDLE = BundleId("t/ns/0x00000000_0x40000000")

@@ -29,9 +29,9 @@ from lbd.core.audit import (
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import DIGEST_MODULUS, ChannelPosition, StateTable, entry_digest
-from lbd.core.tuning import MonitorConfig
 
 S = ServiceUnitState
 A, B, C = BrokerId("broker-a"), BrokerId("broker-b"), BrokerId("broker-c")

@@ -21,6 +21,7 @@ from lbd.config.schema import SheddingSettings
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import (
     STRATEGIES,
     DecisionReason,
@@ -32,7 +33,6 @@ from lbd.core.shedding import (
     avg_shed,
     mean_and_std,
 )
-from lbd.core.tuning import MB, SheddingConfig
 
 NOW = 1_700_000_000_000
 B1, B2, B3, B4 = (BrokerId(f"broker{i}") for i in range(1, 5))

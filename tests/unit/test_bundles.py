@@ -22,7 +22,7 @@ from lbd.core.bundles import (
 )
 from lbd.core.errors import InvalidInputError, NotFoundError
 from lbd.core.names import NamespaceName, TopicName
-from lbd.core.tuning import MB, SplitConfig
+from lbd.core.settings import MB, SplitConfig
 
 NS = NamespaceName("public", "default")
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import (
     DecisionReason,
     LoadSnapshot,
@@ -28,7 +29,6 @@ from lbd.core.shedding import (
     scenario_to_json,
 )
 from lbd.core.shedding.planner import PING_PONG_WINDOW_MS, estimate, planning_goal
-from lbd.core.tuning import MB, SheddingConfig
 
 NOW = 1_700_000_000_000
 CONFIG = SheddingConfig(target_std=0.1, hit_count_threshold=0)

@@ -24,7 +24,7 @@ from lbd.config import (
 )
 from lbd.config.schema import section_models
 from lbd.core.errors import InvalidInputError
-from lbd.core.tuning import AssignmentConfig, SheddingConfig, SplitConfig
+from lbd.core.settings import AssignmentConfig, SheddingConfig, SplitConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "lbd.example.toml"
 

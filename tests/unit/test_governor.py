@@ -1,4 +1,4 @@
-"""The execution governor's budgets (lbd.core.governor): per broker, per cluster, per minute."""
+"""The execution governor's budgets (lbd.core.admission): per broker, per cluster, per minute."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbd.core.admission import RATE_WINDOW_S, Governor, MoveKind, Ticket
 from lbd.core.errors import InvalidInputError
-from lbd.core.governor import RATE_WINDOW_S, Governor, MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.tuning import Budget, GovernorConfig
+from lbd.core.settings import Budget, GovernorConfig
 
 A, B, C = BrokerId("a"), BrokerId("b"), BrokerId("c")
 BAL, REC = MoveKind.BALANCING, MoveKind.RECOVERY

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lbd.core.broker import LeaseRequest, ServingLease
+from lbd.core.broker_info import LeaseRequest, ServingLease
 from lbd.core.errors import InvalidInputError
 from lbd.core.lease import BrokerLease
 

@@ -3,8 +3,8 @@
 import pytest
 
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import DecisionReason, UnloadDecision
-from lbd.core.tuning import MB, SheddingConfig
 from lbd.workload.model import LoadModel, usage_of
 
 A, B, C = BrokerId("a"), BrokerId("b"), BrokerId("c")

@@ -11,8 +11,8 @@ import pytest
 
 from lbd.cli.main import main
 from lbd.core.errors import InvalidInputError
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import parse_scenario, scenario_to_json
-from lbd.core.tuning import SheddingConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 OUTPUT_KEYS = {"cycle", "decisions", "skip_reason", "avg", "std"}

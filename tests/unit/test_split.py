@@ -12,6 +12,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
+from lbd.core.settings import MB, SplitConfig
 from lbd.core.split import (
     SplitDecision,
     SplitPlan,
@@ -21,7 +22,6 @@ from lbd.core.split import (
     find_bundles_to_split,
     hot_reason,
 )
-from lbd.core.tuning import MB, SplitConfig
 
 NS = NamespaceName("t", "ns")
 OTHER_NS = NamespaceName("t", "other")

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import (
     DecisionReason,
     LoadSnapshot,
@@ -20,7 +21,6 @@ from lbd.core.shedding import (
     threshold_shed,
 )
 from lbd.core.shedding.model import MB
-from lbd.core.tuning import SheddingConfig
 
 NOW = 1_700_000_000_000
 BASE = SheddingConfig(min_throughput_threshold=0, threshold_shedder_percentage=10)

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import (
     DecisionReason,
     LoadSnapshot,
@@ -40,7 +41,6 @@ from lbd.core.shedding import (
     mean_and_std,
     transfer_shed,
 )
-from lbd.core.tuning import SheddingConfig
 
 NOW = 1_700_000_000_000
 OVERLOADED = DecisionReason.OVERLOADED

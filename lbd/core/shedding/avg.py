@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 
 from lbd.core.ids import BrokerId
 from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import (
     MB,
     DecisionReason,
@@ -66,7 +67,6 @@ from lbd.core.shedding.model import (
     UsableLoad,
     usable_load,
 )
-from lbd.core.tuning import SheddingConfig
 
 TOLERANCE = 1e-9
 """A load difference this close under a threshold reaches it: loads are fractions, and their

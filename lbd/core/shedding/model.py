@@ -2,7 +2,7 @@
 
 A strategy is a pure function of a :class:`LoadSnapshot` (the leader's view of every broker's load,
 its top bundles and its own record of recent unloads), a
-:class:`~lbd.core.tuning.SheddingConfig`, the strategy's :class:`ShedderState` carried from its
+:class:`~lbd.core.settings.SheddingConfig`, the strategy's :class:`ShedderState` carried from its
 previous cycle, the time ``now_ms`` and a ``random.Random``. It returns a :class:`SheddingResult`
 and the state to carry into the next cycle (see :data:`Strategy`).
 """
@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
-from lbd.core.tuning import SheddingConfig
+from lbd.core.settings import SheddingConfig
 
 MB = 1024 * 1024
 """Bytes in the megabyte of ``min_throughput_threshold`` (Pulsar's ``MB``)."""

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import (
     DecisionReason,
     LoadSnapshot,
@@ -68,7 +69,6 @@ from lbd.core.shedding.model import (
     mean_and_std,
     usable_load,
 )
-from lbd.core.tuning import SheddingConfig
 
 PLAN_MARGIN = 0.5
 """A cycle plans down to this share of ``target_std`` (at most :data:`PLAN_FLOOR`), so that drift

@@ -32,8 +32,8 @@ from typing import NoReturn, TypeVar
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import LoadSnapshot
-from lbd.core.tuning import SheddingConfig
 
 _TOP_LEVEL_REQUIRED = ("now_ms", "brokers")
 _TOP_LEVEL_OPTIONAL = (

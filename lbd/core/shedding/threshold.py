@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import (
     MB,
     DecisionReason,
@@ -34,7 +35,6 @@ from lbd.core.shedding.model import (
     current_throughput,
     usable_load,
 )
-from lbd.core.tuning import SheddingConfig
 
 EXTRA_MARGIN = 0.05
 """Shed down to this far under ``avg + threshold`` (``ADDITIONAL_THRESHOLD_PERCENT_MARGIN``)."""

@@ -72,6 +72,7 @@ from collections.abc import Iterator, Sequence
 
 from lbd.core.ids import BrokerId
 from lbd.core.load import BundleLoad
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import (
     DecisionReason,
     LoadSnapshot,
@@ -83,7 +84,6 @@ from lbd.core.shedding.model import (
     current_throughput,
     usable_load,
 )
-from lbd.core.tuning import SheddingConfig
 
 SWAP_MAX_SHARE = 0.75
 """After a swap the source must carry less than this share of its current throughput."""

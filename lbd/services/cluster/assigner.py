@@ -4,11 +4,11 @@ Lookups, the Admin Assign call and the leader's orphan and stuck-state repair al
 every assignment passes the same filters (:func:`lbd.core.assign.select_broker`): max topics per
 broker, the required broker version, the cluster's namespace isolation policies and the
 anti-affinity groups, then least resource usage among the brokers with fresh load data. A
-cordoned broker (:mod:`lbd.services.cluster.maintenance`) is never chosen, and an explicit
+cordoned broker (:mod:`lbd.services.cluster.maintenance_view`) is never chosen, and an explicit
 assignment to one is refused.
 
 What happens after the proposal is the destination's business: its sidecar's ownership reactor
-(:mod:`lbd.services.sidecar.ownership`) sees ``Assigning(dst=it)``, tells its broker to Own the
+(:mod:`lbd.services.sidecar.reactor`) sees ``Assigning(dst=it)``, tells its broker to Own the
 bundle and, once the broker acknowledged, proposes ``Owned(it)``.
 """
 
@@ -25,20 +25,20 @@ from lbd.core.assign import (
     filter_candidates,
     select_broker,
 )
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.errors import NotFoundError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.namespace import NamespaceRecord
+from lbd.core.settings import AssignmentConfig
 from lbd.core.state import ServiceUnitState
-from lbd.core.tuning import AssignmentConfig
 from lbd.ports.errors import UnavailableError
 from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.loads import LoadView
-from lbd.services.cluster.maintenance import MaintenanceView
+from lbd.services.cluster.maintenance_view import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 

@@ -15,7 +15,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, state_of
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
-from lbd.services.cluster.maintenance import MaintenanceView
+from lbd.services.cluster.maintenance_view import MaintenanceView
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 

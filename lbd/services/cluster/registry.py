@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Container, Mapping
 from types import MappingProxyType
 
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
 from lbd.ports.clock import Clock

@@ -77,7 +77,7 @@ from lbd.core.audit import (
     check_table,
     divergence,
 )
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.state import server_of

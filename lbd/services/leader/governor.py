@@ -1,7 +1,7 @@
 """The execution governor: every move of a bundle waits here for a slot (docs/operating.md).
 
 A move asks :meth:`ExecutionGovernor.admit` for a slot before its first write; the call waits,
-first come first served within each budget, until the budget's limits (:mod:`lbd.core.governor`)
+first come first served within each budget, until the budget's limits (:mod:`lbd.core.admission`)
 let it start. The slot is held until the channel shows the bundle settled again (no longer
 Releasing or Assigning) after the move's first write, so "in flight" means in flight in the
 table, not "in some caller's code". The governor follows the channel's changes for that, and
@@ -23,11 +23,11 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from lbd.core.governor import Governor, MoveKind, Ticket
+from lbd.core.admission import Governor, MoveKind, Ticket
 from lbd.core.ids import BundleId
+from lbd.core.settings import GovernorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData
 from lbd.core.table import ApplyResult
-from lbd.core.tuning import GovernorConfig
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower

@@ -49,17 +49,17 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from lbd.core.admission import MoveKind, Ticket
 from lbd.core.assign import Selection
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import DeadlineError, InvalidInputError, LbdError, NotFoundError
-from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.namespace import NamespaceRecord
 from lbd.core.probes import probe
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, server_of
 from lbd.core.table import StateTable
-from lbd.core.tuning import MonitorConfig
 from lbd.metrics import CANCEL, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
@@ -202,7 +202,7 @@ class OwnershipMonitor:
         decisions: DecisionLog,
         channel_readable_since: Callable[[], float | None] = lambda: None,
     ) -> None:
-        """``handover_wait_s``: see :attr:`lbd.core.tuning.SidecarTimings.handover_wait_s`;
+        """``handover_wait_s``: see :attr:`lbd.core.settings.SidecarTimings.handover_wait_s`;
         an orphan's move to its new broker waits for a slot of ``governor``'s recovery
         budget; every fix is recorded in ``decisions``. ``channel_readable_since()`` says since
         when this sidecar has read the channel without a break (None: always): a value is

@@ -10,7 +10,7 @@ Each cycle (every ``shedding.interval_s`` while leading, or on demand for the Re
    (hit counts) from the previous cycle;
 3. act: the decisions become a :class:`~lbd.core.operations.Plan` (with the load's spread now
    and as predicted after it) and run as a ``shedding`` operation of the
-   :class:`~lbd.services.leader.operations.OperationTracker`: each move waits for the execution
+   :class:`~lbd.services.leader.tracker.OperationTracker`: each move waits for the execution
    governor, then, if its bundle is still ``Owned`` by its source, ``Releasing(dst, src)`` is
    proposed (``dst`` None: a plain unload); the source's sidecar does the rest.
 
@@ -43,6 +43,7 @@ from lbd.core.operations import (
     moves_of,
     predicted_spread,
 )
+from lbd.core.settings import OperationsConfig, SheddingConfig
 from lbd.core.shedding import (
     STRATEGIES,
     DecisionReason,
@@ -53,7 +54,6 @@ from lbd.core.shedding import (
     UnloadDecision,
 )
 from lbd.core.shedding.model import PastMove
-from lbd.core.tuning import OperationsConfig, SheddingConfig
 from lbd.metrics import FAILURE, UNKNOWN_REASON, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
@@ -63,7 +63,7 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Proposer
 from lbd.services.cluster.loads import LoadView
 from lbd.services.cluster.registry import BrokerRegistry
-from lbd.services.leader.operations import OperationTracker
+from lbd.services.leader.tracker import OperationTracker
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The link to this sidecar's broker: the ``BrokerSession`` stream, and Own/Release/Close.
 
 The API layer plugs the broker's gRPC stream into :meth:`BrokerLink.session` (converting
-protobuf to the core types of :mod:`lbd.core.broker`); everything else in the sidecar talks to
+protobuf to the core types of :mod:`lbd.core.broker_info`); everything else in the sidecar talks to
 the broker through :meth:`BrokerLink.own`, :meth:`BrokerLink.release` and
 :meth:`BrokerLink.close_bundle`, each of which waits for the broker's acknowledgement for a bounded
 time (``broker.own_ack_timeout_s`` for Own, ``broker.release_ack_timeout_s`` for the others).
@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     BrokerMessage,
     CloseCommand,

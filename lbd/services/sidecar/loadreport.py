@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from lbd.core.audit import AuditData
-from lbd.core.broker import LoadReport
+from lbd.core.broker_info import LoadReport
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId
 from lbd.core.load import (

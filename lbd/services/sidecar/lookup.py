@@ -5,7 +5,7 @@ An Owned bundle is answered from the table and the registry at once, and so is a
 (within ``assignment.settle_timeout_s``) for the bundle to settle; an Init or Free bundle is first
 assigned by the :class:`~lbd.services.cluster.assigner.Assigner`, which chooses a broker and
 proposes ``Assigning(dst)``. The destination's sidecar then tells its broker to Own the bundle and,
-once acknowledged, proposes ``Owned(dst)`` (:mod:`lbd.services.sidecar.ownership`); the channel
+once acknowledged, proposes ``Owned(dst)`` (:mod:`lbd.services.sidecar.reactor`); the channel
 follower applies it on every sidecar, which wakes this lookup. Whoever's proposal won, the bundle
 ends Owned by one broker, and every lookup answers that broker.
 
@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass
 
 from lbd.core.audit import DeadOwnerAnswers
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.errors import DeadlineError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName, TopicName

@@ -18,7 +18,7 @@ lives under is the metadata session's (:mod:`lbd.adapters.session`), which re-re
 itself after a lease loss.
 
 A broker whose maintenance record says ``decommissioned`` (the leader drained it and ended its
-service, :mod:`lbd.services.leader.maintenance`) is deregistered when the record appears and is
+service, :mod:`lbd.services.leader.drain`) is deregistered when the record appears and is
 not registered again, whatever its link does, until the record is cleared (uncordon): then it is
 registered as the link says.
 
@@ -37,12 +37,12 @@ import logging
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.maintenance import LEAVE_REASON_PREFIX, MaintenanceMode
 from lbd.core.probes import probe
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
-from lbd.services.cluster.maintenance import MaintenanceChange, MaintenanceView
+from lbd.services.cluster.maintenance_view import MaintenanceChange, MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
 from lbd.tasks import cancel_and_wait, guard

@@ -16,21 +16,21 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from lbd.core.broker import LoadReport
+from lbd.core.broker_info import LoadReport
 from lbd.core.bundles import TopicLoad, parse_bundle_id, topic_hash
 from lbd.core.errors import LbdError, NotFoundError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
+from lbd.core.settings import SplitConfig
 from lbd.core.split import SplitPlan, SplitSnapshot, SplitState, find_bundles_to_split
 from lbd.core.state import ServiceUnitState, owner_of
-from lbd.core.tuning import SplitConfig
 from lbd.metrics import FAILURE, UNKNOWN_REASON, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
+from lbd.services.sidecar.assign_split import Operations
 from lbd.services.sidecar.broker_link import BrokerLink
-from lbd.services.sidecar.operations import Operations
 from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from lbd.api import convert
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     CloseCommand,
     CommandAck,

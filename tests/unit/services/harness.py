@@ -40,7 +40,7 @@ from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     BrokerMessage,
     CloseCommand,
@@ -58,8 +58,8 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceWeights
 from lbd.core.names import NamespaceName
+from lbd.core.settings import AssignmentConfig, SidecarConfig, SidecarTimings, SplitConfig
 from lbd.core.state import owner_of
-from lbd.core.tuning import AssignmentConfig, SidecarConfig, SidecarTimings, SplitConfig
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEventKind
@@ -456,7 +456,7 @@ class Harness:
         self, bundle: BundleId, dst: BrokerId | None = None, within_s: float = 30.0
     ) -> BrokerId:
         """An admin Transfer (to ``dst``) or Unload of ``bundle`` as the API runs it, on the
-        leader (:meth:`~lbd.services.leader.operations.OperationTracker.admin_move`), while the
+        leader (:meth:`~lbd.services.leader.tracker.OperationTracker.admin_move`), while the
         clock runs; the bundle's source broker, or the move's error."""
         leader = await self.leader()
         moving = asyncio.ensure_future(leader.tracker.admin_move(bundle, dst))

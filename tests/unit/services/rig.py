@@ -14,7 +14,7 @@ __all__ = ["settle"]  # defined beside the harness, which uses it too
 from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
-from lbd.core.tuning import MonitorConfig, SidecarConfig
+from lbd.core.settings import MonitorConfig, SidecarConfig
 
 NEVER_S = 10.0**9
 """An interval no test's clock reaches."""

@@ -21,11 +21,11 @@ from lbd.adapters.memory.channel import MemoryChannelLog
 from lbd.adapters.memory.metadata import MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
 from lbd.core.audit import AuditData, AuditReport, DeadOwnerAnswers, FindingKind
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.settings import MonitorConfig, OperationsConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import ChannelPosition
-from lbd.core.tuning import MonitorConfig, OperationsConfig
 from lbd.services.leader.auditor import AUDIT_SLICE
 from lbd.services.leader.monitor import SweepReport
 

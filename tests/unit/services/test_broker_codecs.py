@@ -2,7 +2,7 @@
 
 import pytest
 
-from lbd.core.broker import BrokerInfo, LoadReport
+from lbd.core.broker_info import BrokerInfo, LoadReport
 from lbd.core.bundles import TopicLoad
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId

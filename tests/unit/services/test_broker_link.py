@@ -7,7 +7,7 @@ import pytest
 from rig import let_run, turns
 
 from lbd.adapters.clock import ManualClock
-from lbd.core.broker import (
+from lbd.core.broker_info import (
     BrokerInfo,
     CloseCommand,
     CommandAck,

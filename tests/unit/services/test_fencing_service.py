@@ -9,10 +9,10 @@ import pytest
 from harness import DEFAULT_NAMESPACE, Harness, Sidecar, Timing
 from rig import QUIET, settle, turns
 
-from lbd.core.broker import CommandAck
+from lbd.core.broker_info import CommandAck
 from lbd.core.bundles import NamespaceBundles
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState
-from lbd.core.tuning import MonitorConfig
 from lbd.ports.errors import UnavailableError
 
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)

@@ -12,7 +12,7 @@ from rig import turns
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
-from lbd.core.broker import BrokerInfo, BrokerMessage, Hello, LoadReport
+from lbd.core.broker_info import BrokerInfo, BrokerMessage, Hello, LoadReport
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import (
@@ -23,7 +23,7 @@ from lbd.core.load import (
     TopBundlesLoadData,
     top_bundles,
 )
-from lbd.core.tuning import SidecarConfig
+from lbd.core.settings import SidecarConfig
 from lbd.metrics import Metrics
 from lbd.ports.history import NoHistory
 from lbd.services.cluster.loads import LoadView

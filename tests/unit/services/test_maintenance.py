@@ -20,9 +20,9 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.maintenance import MaintenanceMode, MaintenanceRecord
 from lbd.core.names import NamespaceName
 from lbd.core.operations import MoveState, Operation, OperationKind, OperationState
+from lbd.core.settings import Budget, GovernorConfig
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import StateTable
-from lbd.core.tuning import Budget, GovernorConfig
 from lbd.gen.v1 import lbd_pb2
 from lbd.ports.errors import UnavailableError
 from tests.unit.api.served import serve_api, until

@@ -20,14 +20,14 @@ from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.core.broker import BrokerInfo
-from lbd.core.governor import Budget
+from lbd.core.admission import Budget
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
+from lbd.core.settings import GovernorConfig, MonitorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
-from lbd.core.tuning import GovernorConfig, MonitorConfig
 from lbd.metrics import Metrics
 from lbd.services.channel.checkpoints import CheckpointDuty
 from lbd.services.channel.follower import ChannelFollower

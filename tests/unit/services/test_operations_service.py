@@ -7,15 +7,15 @@ import pytest
 from harness import DEFAULT_NAMESPACE, Harness
 from rig import QUIET, settle, turns
 
-from lbd.core.broker import LoadReport
+from lbd.core.broker_info import LoadReport
 from lbd.core.bundles import NamespaceBundles, TopicLoad, parse_bundle_id, topic_hash
 from lbd.core.errors import InvalidInputError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BundleLoad
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import MAX_SPLIT_CHILDREN, ServiceUnitState
-from lbd.core.tuning import MonitorConfig
 from lbd.ports.errors import UnavailableError
 
 S = ServiceUnitState

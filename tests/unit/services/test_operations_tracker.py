@@ -11,14 +11,14 @@ import pytest
 from harness import DEFAULT_NAMESPACE, Harness, Sidecar
 from rig import QUIET, publish_load, settle, turns
 
+from lbd.core.admission import MoveKind
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.errors import NotFoundError, PreconditionError
-from lbd.core.governor import MoveKind
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.operations import Move, MoveState, OperationKind, OperationState
+from lbd.core.settings import MB, Budget, GovernorConfig, OperationsConfig, SheddingConfig
 from lbd.core.state import ServiceUnitState
 from lbd.core.table import StateTable
-from lbd.core.tuning import MB, Budget, GovernorConfig, OperationsConfig, SheddingConfig
 from lbd.ports.errors import UnavailableError
 
 S = ServiceUnitState

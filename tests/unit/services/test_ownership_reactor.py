@@ -8,8 +8,8 @@ from harness import DEFAULT_NAMESPACE, FakeBroker, Harness
 from rig import QUIET, settle, turns
 
 from lbd.core.bundles import NamespaceBundles, bundle_id, parse_bundle_id
+from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState, state_of
-from lbd.core.tuning import MonitorConfig
 
 BUNDLES = [b.id for b in NamespaceBundles.default(DEFAULT_NAMESPACE).bundles()]
 B0 = BUNDLES[0]

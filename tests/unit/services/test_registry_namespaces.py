@@ -7,7 +7,7 @@ import pytest
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import BundleRange
 from lbd.core.errors import InvalidInputError, NotFoundError, PreconditionError
 from lbd.core.ids import BrokerId

@@ -16,14 +16,14 @@ from lbd.adapters.memory.channel import MemoryChannelLog
 from lbd.adapters.memory.loadstore import MemoryLoadStore
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad, TopBundlesLoadData
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
+from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import DecisionReason, SkipReason, parse_scenario, scenario_to_json
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, decode_value, encode_value
-from lbd.core.tuning import MB, SheddingConfig
 from lbd.metrics import Metrics
 from lbd.ports.errors import UnavailableError
 from lbd.services.channel.follower import ChannelFollower

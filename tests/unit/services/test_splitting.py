@@ -7,13 +7,13 @@ from __future__ import annotations
 from harness import DEFAULT_NAMESPACE, Harness, Sidecar
 from rig import settle, turns
 
-from lbd.core.broker import LoadReport
+from lbd.core.broker_info import LoadReport
 from lbd.core.bundles import NamespaceBundles, bundle_id, parse_bundle_id
 from lbd.core.ids import BundleId
 from lbd.core.load import BundleLoad
+from lbd.core.settings import SplitConfig
 from lbd.core.split import SplitReason
 from lbd.core.state import ServiceUnitState
-from lbd.core.tuning import SplitConfig
 from lbd.services.sidecar.splitting import SplitScheduler
 
 S = ServiceUnitState

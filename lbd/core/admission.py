@@ -4,7 +4,7 @@ Every move of a bundle (the leader's shedding, a plan, a drain, an admin transfe
 repair of an orphan) asks for a slot before its first write and gives it back once the bundle has
 settled. A move holds its slot at both ends: its source (unless the source is gone, as an
 orphan's is) and its destination (unless it is a plain unload). Each kind of move has its own
-budget (:class:`lbd.core.tuning.Budget`): concurrent moves per broker and per cluster, and moves
+budget (:class:`lbd.core.settings.Budget`): concurrent moves per broker and per cluster, and moves
 started in any 60 s; recovery never waits for balancing, nor balancing for recovery.
 
 This module is pure: the caller passes the time (monotonic seconds). The asynchronous queue
@@ -18,7 +18,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.tuning import Budget, GovernorConfig
+from lbd.core.settings import Budget, GovernorConfig
 
 RATE_WINDOW_S = 60.0
 """The window of the per-minute limits."""

@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator
 
-from lbd.core.broker import BrokerInfo
+from lbd.core.broker_info import BrokerInfo
 from lbd.core.bundles import parse_bundle_id, split_points
 from lbd.core.errors import DeadlineError, InvalidInputError, LbdError
 from lbd.core.ids import BrokerId, BundleId

@@ -10,7 +10,7 @@ Writes (:meth:`MaintenanceView.set`, :meth:`MaintenanceView.clear`) may come fro
 here at once; the watch events older than this sidecar's own last write of a broker's record
 are skipped, so the view never goes back to a value it already overwrote. Two writers racing on
 one broker's record end with the last write; the Admin calls are an operator's, and the leader
-writes only over the mode it expects (see :mod:`lbd.services.leader.maintenance`).
+writes only over the mode it expects (see :mod:`lbd.services.leader.drain`).
 """
 
 from __future__ import annotations

@@ -34,12 +34,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+from lbd.core.admission import MoveKind, Ticket
 from lbd.core.errors import DeadlineError, LbdError, NotFoundError, PreconditionError
-from lbd.core.governor import MoveKind, Ticket
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.operations import Move, MoveState, Operation, OperationKind, OperationState, Plan
+from lbd.core.settings import OperationsConfig
 from lbd.core.state import ServiceUnitState, owner_of, state_of
-from lbd.core.tuning import OperationsConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError

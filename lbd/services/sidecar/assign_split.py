@@ -1,7 +1,7 @@
 """A sidecar's own ownership operations: assign (for any caller) and split (of a bundle its
 broker owns). A move of an Owned bundle (an admin Transfer or Unload, shedding, a drain) runs on
 the leader, under its execution governor
-(:meth:`~lbd.services.leader.operations.OperationTracker.admin_move`).
+(:meth:`~lbd.services.leader.tracker.OperationTracker.admin_move`).
 
 Each one checks the request first (:class:`~lbd.services.cluster.checks.RequestChecks`), so a bad
 request changes nothing. Then it proposes the first step of the flow (DESIGN §4) and waits, within
@@ -28,8 +28,8 @@ from lbd.core.bundles import (
 from lbd.core.errors import InvalidInputError, LbdError, PreconditionError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.probes import probe
+from lbd.core.settings import SplitConfig
 from lbd.core.state import ServiceUnitState, state_of
-from lbd.core.tuning import SplitConfig
 from lbd.metrics import ADMIN_REASON, FAILURE, SUCCESS, Metrics
 from lbd.ports.history import HistoryRecorder
 from lbd.services.channel.follower import ChannelFollower

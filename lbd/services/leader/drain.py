@@ -4,7 +4,7 @@
   no new bundle goes to it (the assigner, the shedder's destinations and a drain's choice all
   skip cordoned brokers). Any sidecar may do it: the record is in the metadata store.
 - **Drain** (on the leader) cordons the broker in mode ``draining`` and starts a DRAIN operation
-  of the :class:`~lbd.services.leader.operations.OperationTracker`: one move per bundle the broker
+  of the :class:`~lbd.services.leader.tracker.OperationTracker`: one move per bundle the broker
   owns, each to a destination the tracker picks, each under the execution governor. When a round
   of moves has finished, the operation is refilled with what the broker still owns (a bundle that
   was in flight to it when the cordon landed, a split's children), after waiting for what is
@@ -42,9 +42,9 @@ from lbd.ports.metadata import RegistryEvent
 from lbd.services.channel.deadlines import within
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.channel.proposals import Predicate, Proposer
-from lbd.services.cluster.maintenance import MaintenanceView
+from lbd.services.cluster.maintenance_view import MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
-from lbd.services.leader.operations import OperationTracker
+from lbd.services.leader.tracker import OperationTracker
 
 _log = logging.getLogger(__name__)
 
