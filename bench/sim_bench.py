@@ -19,7 +19,8 @@ from rich.console import Console
 from bench.report import measurements_table
 from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
-from lbd.simulation.world import WorldSpec, run_seed
+from lbd.simulation.run import run_seed
+from lbd.simulation.schedule import WorldSpec
 
 VIRTUAL_S = 600.0
 

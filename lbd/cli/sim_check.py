@@ -22,16 +22,8 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.probes import PROBES, REQUIRED, REQUIRED_FROM_SEEDS
 from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
-from lbd.simulation.world import (
-    FAULTS,
-    Fault,
-    Outcome,
-    WorldSpec,
-    run_seed,
-    schedule,
-    search_spec,
-    shrink,
-)
+from lbd.simulation.run import run_seed, shrink
+from lbd.simulation.schedule import FAULTS, Fault, Outcome, WorldSpec, schedule, search_spec
 
 SHRUNK_AT_MOST = 3
 """Failing seeds whose schedules are shrunk (each shrink reruns the seed once per fault)."""

@@ -1,6 +1,6 @@
 """The search for a planted bug (:mod:`lbd.simulation.mutations`), over several processes.
 
-:func:`first_failing` runs a mutation's search seeds (:func:`~lbd.simulation.world.search_spec`)
+:func:`first_failing` runs a mutation's search seeds (:func:`~lbd.simulation.schedule.search_spec`)
 in order, a batch at a time over a process pool, and returns the first seed whose run breaks an
 invariant: the same seed a run of one seed after another finds, in about half the time on two
 cores. The test of the planted bugs and the simulation benchmark share it.
@@ -13,7 +13,8 @@ import multiprocessing
 import os
 from concurrent.futures import Executor, ProcessPoolExecutor
 
-from lbd.simulation.world import run_seed, search_spec
+from lbd.simulation.run import run_seed
+from lbd.simulation.schedule import search_spec
 
 
 def quiet() -> None:

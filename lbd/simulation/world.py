@@ -27,505 +27,58 @@ bound, with every sidecar's table equal to the channel's. See docs/simulation.md
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import dataclasses
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbd.adapters.clock import ManualClock
-from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
+from lbd.adapters.memory.channel import MemoryChannelLog
 from lbd.adapters.memory.checkpoint import MemoryCheckpointStore
 from lbd.adapters.memory.loadstore import MemoryLoadStore, MemoryLoadTopic
 from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataStore
 from lbd.adapters.session import SessionPolicy
-from lbd.core import probes
 from lbd.core.broker_info import (
     BrokerInfo,
-    BrokerMessage,
-    CloseCommand,
-    CommandAck,
-    Hello,
-    LoadReport,
-    OwnCommand,
-    ReleaseCommand,
-    ServingLease,
-    SidecarMessage,
 )
 from lbd.core.bundles import Bundle, SplitAlgorithm, parse_bundle_id
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.lease import BrokerLease
-from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
-from lbd.core.settings import (
-    MonitorConfig,
-    SheddingConfig,
-    SidecarConfig,
-    SidecarTimings,
-    SplitConfig,
-)
 from lbd.core.state import ServiceUnitState, owner_of, server_of
 from lbd.core.table import ChannelPosition, StateTable
-from lbd.ports.channel import ChannelMessage
-from lbd.ports.clock import TimeoutScope
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
 from lbd.simulation import loop
-from lbd.simulation.mutations import MUTATIONS
-from lbd.tasks import sleep_timeout
+from lbd.simulation.broker import SimulatedBroker
+from lbd.simulation.hosts import (
+    Gate,
+    GatedChannel,
+    HostClock,
+    SimulatedHost,
+    WatchedLog,
+    WorldTraffic,
+)
+from lbd.simulation.schedule import (
+    CLUSTER_WIDE,
+    CONFIG,
+    HELD,
+    KEEPALIVE_S,
+    LEASE_TTL_S,
+    LOOKUP_ATTEMPTS,
+    MAX_BROKERS,
+    MAX_DRIFT,
+    MAX_VIOLATIONS,
+    MIN_BROKERS,
+    ORPHAN_BOUND_S,
+    Fault,
+    Outcome,
+    WorldSpec,
+    schedule,
+)
 
 _S = ServiceUnitState
-_HELD = (
-    "pause-sidecar",
-    "isolate-sidecar",
-    "crash-sidecar",
-    "pause-broker",
-    "etcd-down",
-    "etcd-cut-one",
-    "channel-down",
-    "channel-cut-one",
-)
-"""Faults that hold for a while (the others happen at one instant)."""
-_CLUSTER_WIDE = ("etcd-down", "channel-down")
-
-TIMINGS = SidecarTimings(settle_timeout_s=10.0)
-"""The defaults (``lbd.config``'s, the same as :class:`SidecarTimings`'), but a shorter settle
-timeout for lookups: ten virtual minutes see many leases, graces and hand-overs lapse."""
-LEASE_TTL_S = 3
-KEEPALIVE_S = 0.8
-CONFIG = SidecarConfig(
-    timings=TIMINGS,
-    monitor=MonitorConfig(
-        interval_s=3.0,
-        inflight_timeout_s=16.0,
-        tombstone_after_s=3600.0,
-        orphan_cleanup_grace_s=1.5,
-        unseen_broker_grace_s=1.5,
-    ),
-    shedding=SheddingConfig(
-        target_std=0.04,
-        hit_count_threshold=1,
-        cooldown_s=60,
-        bundle_grace_period_s=60,
-        load_data_ttl_s=150,
-        min_throughput_threshold=1.0,
-    ),
-    shedding_interval_s=60.0,
-    split=SplitConfig(max_msg_rate=5_000.0, hit_count_threshold=1, max_bundles_per_namespace=24),
-    split_interval_s=30.0,
-    checkpoint_interval_s=30.0,
-    load_report_interval_s=60.0,
-    default_namespace_bundles=8,
-)
-REPORT_S = 10.0
-"""A broker reports its load this often (well within the sidecar's ``silence_timeout_s``)."""
-MAX_DRIFT = 0.01
-"""Each host's clock runs at a rate within 1 % of true time (the serving lease's margin,
-``lease_margin_s``, covers far more: 1 s on a 2 s lease)."""
-MAX_BROKERS = 5
-"""Brokers that join take the ids ``broker-1`` .. ``broker-5`` not in use."""
-MIN_BROKERS = 3
-"""A broker leaves only while more than this many are up."""
-ORPHAN_BOUND_S = (
-    LEASE_TTL_S
-    + CONFIG.monitor.orphan_cleanup_grace_s
-    + TIMINGS.handover_wait_s
-    + 2 * CONFIG.monitor.interval_s
-    + 10.0
-)
-"""A gone broker's bundles are Owned again within this (with time for a lookup to assign a freed
-one)."""
-LOOKUP_ATTEMPTS = 15
-"""How often a client looks a freed bundle up after the faults, a couple of seconds apart."""
-MAX_VIOLATIONS = 20
-"""A run stops recording violations after this many (the first say what went wrong)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorldSpec:
-    """One simulated run."""
-
-    seed: int
-    virtual_s: float = 600.0
-    mean_fault_gap_s: float = 20.0
-    brokers: int | None = None
-    """3 to 5, chosen by the seed when None."""
-    faults: tuple[str, ...] = ()
-    """Only these kinds of fault (all when empty): see :data:`FAULTS`."""
-    timings: SidecarTimings = TIMINGS
-    orphan_grace_s: float = CONFIG.monitor.orphan_cleanup_grace_s
-    """``monitor.orphan_cleanup_grace_s``."""
-    fault_s: tuple[float, float] = (1.0, 45.0)
-    """How long a fault that holds lasts: uniform between these, in virtual seconds."""
-    mutation: str = ""
-    """A planted bug (:data:`lbd.simulation.mutations.MUTATIONS`) the run must then find; none
-    when empty."""
-
-
-FAULTS = (
-    "pause-sidecar",
-    "isolate-sidecar",
-    "crash-sidecar",
-    "pause-broker",
-    "etcd-down",
-    "etcd-cut-one",
-    "channel-down",
-    "channel-cut-one",
-    "redeliver",
-    "join",
-    "leave",
-    "load-swing",
-    "transfer",
-    "unload",
-    "split",
-    "drain",
-    "plan",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One fault of a schedule: at ``at_s`` (virtual seconds from the start), ``kind`` hits the
-    ``node``-th live broker (by id order) for ``duration_s``."""
-
-    at_s: float
-    kind: str
-    node: int
-    duration_s: float
-
-    def __str__(self) -> str:
-        return f"{self.kind}@{self.at_s:.1f}s(node {self.node}, {self.duration_s:.1f}s)"
-
-
-def schedule(spec: WorldSpec) -> tuple[int, tuple[Fault, ...]]:
-    """The brokers and the faults of ``spec``'s seed (its own random stream, so a schedule with
-    faults removed runs the rest of the world the same way)."""
-    rng = random.Random(f"schedule-{spec.seed}")
-    brokers = spec.brokers or rng.randint(3, 5)
-    kinds = spec.faults or FAULTS
-    faults: list[Fault] = []
-    at = rng.expovariate(1.0 / spec.mean_fault_gap_s)
-    while at < spec.virtual_s * 2 / 3:
-        fault = Fault(at, rng.choice(kinds), rng.randrange(brokers), rng.uniform(*spec.fault_s))
-        faults.append(fault)
-        at += rng.expovariate(1.0 / spec.mean_fault_gap_s)
-    return brokers, tuple(faults)
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What a run found."""
-
-    seed: int
-    faults: tuple[Fault, ...] = ()
-    violations: list[str] = field(default_factory=list)
-    trace: list[str] = field(default_factory=list)
-    balancing: dict[str, int] = field(default_factory=dict)
-    """What the load balancer did on its own: bundles the split scheduler split
-    (``scheduled_splits``) and bundles the shedder unloaded or transferred (``shed``)."""
-    probes: frozenset[str] = frozenset()
-    """The probes of :mod:`lbd.core.probes` the run reached."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether every invariant held."""
-        return not self.violations
-
-
-class _Gate:
-    """Closed while its sidecar is paused: everything of the sidecar waits at it."""
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-        self._open.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._open.is_set()
-
-    def set(self, closed: bool) -> None:
-        if closed:
-            self._open.clear()
-        else:
-            self._open.set()
-
-    async def wait(self) -> None:
-        if not self._open.is_set():
-            await self._open.wait()
-
-
-class _HostClock:
-    """One host's clock: the world's, running at ``rate`` (within :data:`MAX_DRIFT` of 1), and
-    frozen for the sidecar's tasks while ``gate`` is closed (time runs on, no sleep ends)."""
-
-    def __init__(self, clock: ManualClock, rate: float, gate: _Gate | None = None) -> None:
-        self._clock = clock
-        self._rate = rate
-        self._gate = gate
-        self._origin = clock.monotonic()
-
-    def now_ms(self) -> int:
-        return self._clock.now_ms() + round((self.monotonic() - self._clock.monotonic()) * 1000)
-
-    def monotonic(self) -> float:
-        origin = self._origin
-        return origin + (self._clock.monotonic() - origin) * self._rate
-
-    async def sleep(self, seconds: float) -> None:
-        await self._clock.sleep(seconds / self._rate)
-        if self._gate is not None:
-            await self._gate.wait()
-
-    def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
-        return sleep_timeout(self.sleep, seconds)
-
-
-class _GatedChannel:
-    """A sidecar's channel client that neither reads nor writes while its gate is closed."""
-
-    def __init__(self, inner: MemoryChannelLog, gate: _Gate) -> None:
-        self._inner = inner
-        self._gate = gate
-
-    async def publish(self, key: str, value: bytes) -> ChannelPosition:
-        await self._gate.wait()
-        return await self._inner.publish(key, value)
-
-    async def publish_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
-        await self._gate.wait()
-        return await self._inner.publish_batch(entries)
-
-    async def follow(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
-        async with contextlib.aclosing(self._inner.follow(after)) as messages:
-            async for message in messages:
-                await self._gate.wait()
-                yield message
-
-    async def catch_up(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
-        await self._gate.wait()
-        async with contextlib.aclosing(self._inner.catch_up(after)) as messages:
-            async for message in messages:
-                await self._gate.wait()
-                yield message
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
-class _WatchedLog(MemoryLog):
-    """The state channel, telling the world of every message as it is appended."""
-
-    def __init__(self, on_append: Callable[[ChannelPosition, str, bytes], None]) -> None:
-        super().__init__()
-        self._on_append = on_append
-
-    def append(self, key: str, value: bytes) -> ChannelPosition:
-        position = super().append(key, value)
-        self._on_append(position, key, value)
-        return position
-
-    def append_batch(self, entries: Sequence[tuple[str, bytes]]) -> list[ChannelPosition]:
-        positions = super().append_batch(entries)
-        for position, (key, value) in zip(positions, entries, strict=True):
-            self._on_append(position, key, value)
-        return positions
-
-
-class _SimulatedHost:
-    """The host a sidecar measures while its broker sends no load report: a CPU load that wanders
-    with the world's seed (never the machine the simulation runs on)."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self._rng = rng
-        self._cpu = rng.uniform(10.0, 60.0)
-
-    def sample(self, now_s: float) -> BrokerUsage:
-        self._cpu = min(95.0, max(1.0, self._cpu + self._rng.uniform(-5.0, 5.0)))
-        return BrokerUsage(cpu=ResourceUsage(self._cpu, 100.0))
-
-
-class _Traffic:
-    """The messages the cluster carries: a fixed set of topics, each at a hash position with a
-    seeded rate, so that a bundle carries what its range holds (a split divides it as a real one
-    does), and load swings that make one topic hot for a while."""
-
-    TOPICS = 200
-    CAPACITY_MSG_S = 10_000.0
-    """A broker's CPU is at 100 % at this many messages per second."""
-
-    def __init__(self, rng: random.Random) -> None:
-        topics = sorted(
-            (rng.randrange(2**32), rng.uniform(10.0, 200.0)) for _ in range(self.TOPICS)
-        )
-        self._hashes = [h for h, _ in topics]
-        self._rates = [r for _, r in topics]
-        self._hot: dict[int, float] = {}
-        self._loads: dict[BundleId, BundleLoad] = {}
-        """What each bundle carries, until the next swing."""
-
-    def swing(self, topic: int, factor: float) -> None:
-        """Make ``topic`` (an index) ``factor`` times busier (1: back to normal)."""
-        if factor == 1.0:
-            self._hot.pop(topic, None)
-        else:
-            self._hot[topic] = factor
-        self._loads.clear()
-
-    def load(self, bundle: BundleId) -> BundleLoad:
-        """What ``bundle`` carries now."""
-        found = self._loads.get(bundle)
-        if found is not None:
-            return found
-        r = parse_bundle_id(bundle).range
-        first = bisect.bisect_left(self._hashes, r.lo)
-        end = r.hi + 1 if r.includes_upper else r.hi
-        last = bisect.bisect_left(self._hashes, end)
-        rate = sum(self._rates[i] * self._hot.get(i, 1.0) for i in range(first, last))
-        found = self._loads[bundle] = BundleLoad(
-            bundle,
-            msg_rate_in=rate / 2,
-            msg_rate_out=rate / 2,
-            msg_throughput_in=rate * 512,
-            msg_throughput_out=rate * 512,
-            topics=last - first,
-        )
-        return found
-
-    def report(self, serving: Sequence[BundleId]) -> LoadReport:
-        """A broker's load report for the bundles it serves."""
-        bundles = tuple(self.load(b) for b in serving)
-        rate = sum(b.msg_rate_in + b.msg_rate_out for b in bundles)
-        cpu = min(100.0, 5.0 + 100.0 * rate / self.CAPACITY_MSG_S)
-        usage = BrokerUsage(
-            cpu=ResourceUsage(cpu, 100.0),
-            msg_rate_in=rate / 2,
-            msg_rate_out=rate / 2,
-            msg_throughput_in=rate * 512,
-            msg_throughput_out=rate * 512,
-            bundle_count=len(bundles),
-            topics=sum(b.topics for b in bundles),
-        )
-        return LoadReport(usage=usage, bundles=bundles)
-
-
-class SimulatedBroker:
-    """A broker that obeys the contract: it serves what it is told to Own while its serving lease
-    is valid, acknowledges every command, and forgets everything when its lease runs out or its
-    session ends. Its lease is timed on its own host's clock."""
-
-    def __init__(self, world: World, info: BrokerInfo, clock: _HostClock) -> None:
-        self.info = info
-        self.serving: set[BundleId] = set()
-        self.lease = BrokerLease()
-        self.clock = clock
-        self._frozen = _Gate()
-        """Closed while the broker is paused."""
-        self._world = world
-        self._gate = _Gate()
-        self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    @property
-    def id(self) -> BrokerId:
-        return self.info.broker_id
-
-    @property
-    def paused(self) -> bool:
-        """Whether the broker is frozen: it reads nothing (its stream keeps what comes, in
-        order, for when it resumes), sends nothing and asks for no lease."""
-        return self._frozen.paused
-
-    @paused.setter
-    def paused(self, paused: bool) -> None:
-        self._frozen.set(paused)
-
-    def serves(self, bundle: BundleId) -> bool:
-        """Whether it serves ``bundle`` now: told to own it, and (unless the lease is switched
-        off) its lease still valid."""
-        if bundle not in self.serving:
-            return False
-        return self._world.lease_off or self.lease.valid(self.clock.monotonic())
-
-    def start(self, session: Callable[[AsyncIterator[BrokerMessage]], Any], gate: _Gate) -> None:
-        """Open a session (``gate``: its sidecar's, closed while that is paused)."""
-        self._gate = gate
-        self._outgoing = asyncio.Queue()
-        self._outgoing.put_nowait(Hello(self.info, takes_own_batches=True))
-        self.lease = BrokerLease()
-        self._tasks = [
-            asyncio.create_task(self._run(session), name=f"sim-broker-{self.id}"),
-            asyncio.create_task(self._keep_lease(), name=f"sim-lease-{self.id}"),
-            asyncio.create_task(self._report(), name=f"sim-report-{self.id}"),
-        ]
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        self.serving.clear()
-
-    async def _incoming(self) -> AsyncIterator[BrokerMessage]:
-        gate, outgoing = self._gate, self._outgoing
-        while (message := await outgoing.get()) is not None:
-            if gate.paused:
-                await gate.wait()  # a paused sidecar reads nothing
-            yield message
-
-    async def _run(self, session: Callable[[AsyncIterator[BrokerMessage]], Any]) -> None:
-        with contextlib.suppress(LbdError):
-            async with contextlib.aclosing(session(self._incoming())) as commands:
-                gate, frozen = self._gate, self._frozen
-                async for message in commands:
-                    if gate.paused:
-                        await gate.wait()  # nor does it send anything
-                    if frozen.paused:
-                        await frozen.wait()  # read on resume, in order
-                    self._handle(message)
-        self.serving.clear()  # the session ended: it serves nothing
-
-    async def _keep_lease(self) -> None:
-        clock = self.clock
-        while True:
-            if not self.paused:
-                self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
-            await clock.sleep(self._world.spec.timings.serving_lease_s / 4)
-            if self.paused or self._world.lease_off:
-                continue
-            if self.lease.lapse_if_due(clock.monotonic()) and self.serving:
-                self._world.note(f"{self.id} lease ran out; serves nothing")
-                self.serving.clear()
-
-    async def _report(self) -> None:
-        """Report its load every :data:`REPORT_S` (while it serves: what its bundles carry)."""
-        while True:
-            await self.clock.sleep(REPORT_S)
-            if not self.paused:
-                serving = sorted(b for b in self.serving if self.serves(b))
-                self._outgoing.put_nowait(self._world.traffic.report(serving))
-
-    def _handle(self, message: SidecarMessage) -> None:
-        command = message.command
-        match command:
-            case ServingLease():
-                now = self.clock.monotonic()
-                was_valid = self.lease.valid(now)
-                self.lease.grant(command, now)
-                if not was_valid:  # serving again: what it serves must still be its own
-                    self._world.check_broker(self)
-                return
-            case OwnCommand():
-                for bundle in command.bundles:
-                    self.serving.add(bundle)
-                    self._world.starts_serving(self, bundle)
-            case ReleaseCommand(bundle=bundle) | CloseCommand(bundle=bundle):
-                self.serving.discard(bundle)
-        self._outgoing.put_nowait(CommandAck(message.command_id, ok=True))
 
 
 @dataclass(slots=True)
@@ -534,9 +87,9 @@ class _Node:
 
     sidecar: graph.Sidecar
     broker: SimulatedBroker
-    gate: _Gate
+    gate: Gate
     """Closed while the sidecar is paused: its clock and its broker's stream."""
-    channel_gate: _Gate
+    channel_gate: Gate
     """Closed while it is paused, isolated or cut off the channel: its channel reads and
     writes."""
     metadata: MemoryMetadataStore
@@ -563,7 +116,7 @@ class World:
         self.faults = seeded if faults is None else faults
         self.outcome = Outcome(spec.seed, self.faults)
         self._metadata = MemoryMetadataCluster(self.clock)
-        self._log = _WatchedLog(self._on_append)
+        self._log = WatchedLog(self._on_append)
         self._truth = StateTable()
         """The channel as a reader that misses nothing sees it, at every instant."""
         self._loads = MemoryLoadTopic()
@@ -576,7 +129,7 @@ class World:
         self._starting: set[BrokerId] = set()
         self._joining: set[BrokerId] = set()
         self._bundle_ids: dict[BundleId, Bundle] = {}
-        self.traffic = _Traffic(random.Random(f"traffic-{spec.seed}"))
+        self.traffic = WorldTraffic(random.Random(f"traffic-{spec.seed}"))
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
@@ -723,15 +276,15 @@ class World:
         """Start the host of broker ``me`` (a sidecar, then its broker)."""
         if rate is None:
             rate = 1.0 + self.rng.uniform(-MAX_DRIFT, MAX_DRIFT)
-        gate, channel_gate = _Gate(), _Gate()
-        clock = _HostClock(self.clock, rate, gate)
+        gate, channel_gate = Gate(), Gate()
+        clock = HostClock(self.clock, rate, gate)
         info = BrokerInfo(me, service_url=f"pulsar://{me}:6650", start_time_ms=clock.now_ms())
         metadata = MemoryMetadataStore(
             self._metadata, SessionPolicy(LEASE_TTL_S, KEEPALIVE_S), clock
         )
         ports = SidecarPorts(
             metadata=metadata,
-            channel=_GatedChannel(MemoryChannelLog(self._log), channel_gate),
+            channel=GatedChannel(MemoryChannelLog(self._log), channel_gate),
             broker_loads=MemoryLoadStore(self._loads, clock),
             top_bundles=MemoryLoadStore(self._tops, clock),
             checkpoints=self._checkpoints,
@@ -749,7 +302,7 @@ class World:
             ),
             clock,
             random.Random(self.rng.getrandbits(64)),
-            host=_SimulatedHost(random.Random(self.rng.getrandbits(64))),
+            host=SimulatedHost(random.Random(self.rng.getrandbits(64))),
             on_death=lambda name, error: self._died(me, name, error),
         )
         old = self._nodes.get(me) or self._gone.get(me)
@@ -757,7 +310,7 @@ class World:
             old.broker
             if old is not None
             else SimulatedBroker(
-                self, info, _HostClock(self.clock, 1.0 + self.rng.uniform(-MAX_DRIFT, MAX_DRIFT))
+                self, info, HostClock(self.clock, 1.0 + self.rng.uniform(-MAX_DRIFT, MAX_DRIFT))
             )
         )
         node = _Node(sidecar, broker, gate, channel_gate, metadata, rate)
@@ -826,15 +379,15 @@ class World:
         self.note(f"fault {kind} {me} for {duration:.1f}s")
         if kind == "crash-sidecar":
             await self._crash(node, duration)
-        elif kind in _HELD:
-            target = "" if kind in _CLUSTER_WIDE else me
+        elif kind in HELD:
+            target = "" if kind in CLUSTER_WIDE else me
             self._hold(kind, target, +1)
             await self.clock.sleep(duration)
             self._hold(kind, target, -1)
         elif kind == "redeliver":
             self._log.redeliver(rng.randint(1, 5))
         elif kind == "load-swing":
-            topic = rng.randrange(_Traffic.TOPICS)
+            topic = rng.randrange(WorldTraffic.TOPICS)
             self.traffic.swing(topic, rng.uniform(20.0, 60.0))
             await self.clock.sleep(duration)
             self.traffic.swing(topic, 1.0)
@@ -1067,59 +620,3 @@ class World:
                 self._violate(f"{bundle} not Owned by a registered broker at the end: {state}")
             elif not self._nodes[owner].broker.serves(bundle):
                 self._violate(f"{bundle} Owned by {owner}, which does not serve it")
-
-
-def run_seed(
-    spec: WorldSpec, faults: tuple[Fault, ...] | None = None, *, trace: bool = True
-) -> Outcome:
-    """Run one world in a fresh event loop on virtual time (deterministic: nothing else runs on
-    it); ``trace``: keep its trace. An exception out of the run (lbd's bug, or the world's) is a
-    violation of its own, reported and shrunk like any other."""
-    world = World(spec, faults, trace=trace)
-    planted = MUTATIONS[spec.mutation].planted() if spec.mutation else contextlib.nullcontext()
-    with planted, probes.recording() as hits:
-        try:
-            outcome = loop.run(world.clock, world.run)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # a CancelledError too: the seed fails, the check goes on
-            outcome = world.outcome
-            outcome.violations.append(f"the run crashed: {type(e).__name__}: {e}".rstrip(": "))
-    outcome.probes = frozenset(hits)
-    for name in probes.unknown(hits):
-        outcome.violations.append(f"probe {name!r} is not in lbd.core.probes.PROBES")
-    return outcome
-
-
-def search_spec(mutation: str, seed: int) -> WorldSpec:
-    """The world ``seed`` of the search that finds ``mutation`` (its faults and timings)."""
-    m = MUTATIONS[mutation]
-    timings = dataclasses.replace(TIMINGS, **m.timings) if m.timings else TIMINGS
-    spec = WorldSpec(
-        seed,
-        virtual_s=m.virtual_s,
-        mean_fault_gap_s=m.mean_fault_gap_s,
-        fault_s=m.fault_s,
-        faults=m.faults,
-        timings=timings,
-        mutation=mutation,
-    )
-    if m.orphan_grace_s is not None:
-        spec = dataclasses.replace(spec, orphan_grace_s=m.orphan_grace_s)
-    return spec
-
-
-def shrink(spec: WorldSpec, outcome: Outcome) -> Outcome:
-    """The failing ``outcome`` of ``spec`` with as few faults as still fail: faults are dropped
-    one at a time, each drop kept when the run still violates an invariant."""
-    best = outcome
-    changed = True
-    while changed:
-        changed = False
-        for n in range(len(best.faults)):
-            fewer = best.faults[:n] + best.faults[n + 1 :]
-            tried = run_seed(spec, fewer)
-            if not tried.ok:
-                best, changed = tried, True
-                break
-    return best

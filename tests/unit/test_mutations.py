@@ -13,7 +13,8 @@ import pytest
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.simulation import search
 from lbd.simulation.mutations import MUTATIONS
-from lbd.simulation.world import WorldSpec, run_seed, search_spec, shrink
+from lbd.simulation.run import run_seed, shrink
+from lbd.simulation.schedule import WorldSpec, search_spec
 
 pytestmark = pytest.mark.slow  # searches of the simulation: left out of make test-fast
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from lbd.core import probes
-from lbd.simulation.world import WorldSpec, run_seed
+from lbd.simulation.run import run_seed
+from lbd.simulation.schedule import WorldSpec
 
 LBD = Path(probes.__file__).resolve().parents[1]
 

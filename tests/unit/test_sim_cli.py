@@ -3,7 +3,8 @@
 import pytest
 
 from lbd.cli.main import main
-from lbd.simulation.world import run_seed, search_spec
+from lbd.simulation.run import run_seed
+from lbd.simulation.schedule import search_spec
 
 
 @pytest.mark.parametrize(

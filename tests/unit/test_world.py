@@ -10,15 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from lbd.simulation.world import (
-    FAULTS,
-    Fault,
-    World,
-    WorldSpec,
-    run_seed,
-    schedule,
-    search_spec,
-)
+from lbd.simulation.run import run_seed
+from lbd.simulation.schedule import FAULTS, Fault, WorldSpec, schedule, search_spec
+from lbd.simulation.world import World
 
 
 @pytest.fixture(autouse=True)
