@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lbd.adapters.clock import ManualClock
@@ -42,20 +42,15 @@ from lbd.adapters.memory.metadata import MemoryMetadataCluster, MemoryMetadataSt
 from lbd.adapters.session import SessionPolicy
 from lbd.core.broker_info import (
     BrokerInfo,
-    BrokerMessage,
     CloseCommand,
     CommandAck,
-    Hello,
     Leave,
     LoadReport,
     OwnCommand,
     ReleaseCommand,
-    ServingLease,
-    SidecarMessage,
 )
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.lease import BrokerLease
 from lbd.core.load import BrokerLoadData, BrokerUsage, ResourceWeights
 from lbd.core.names import NamespaceName
 from lbd.core.settings import AssignmentConfig, SidecarConfig, SidecarTimings, SplitConfig
@@ -63,6 +58,7 @@ from lbd.core.state import owner_of
 from lbd.services import graph
 from lbd.services.graph import SidecarPorts, build_sidecar
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEventKind
+from lbd.simulation.broker import ContractBroker
 
 DEFAULT_NAMESPACE: NamespaceName = graph.DEFAULT_NAMESPACE
 
@@ -120,12 +116,16 @@ class IdleHost:
         return BrokerUsage()
 
 
-class FakeBroker:
-    """A broker on the far side of ``BrokerLink.session``: does and acknowledges what it is told.
+class FakeBroker(ContractBroker):
+    """A broker on the far side of ``BrokerLink.session`` (the shared in-process broker of
+    :mod:`lbd.simulation.broker`, on the harness clock): does and acknowledges what it is told,
+    and the harness records every command and checks that no two brokers serve one bundle.
 
     ``ack_own`` / ``ack_release`` choose how it answers Own / Release: ``True`` acknowledges,
     ``False`` refuses (ok=False), ``None`` never answers (the sidecar's ack timeout decides).
     """
+
+    _task_prefix = "fake"
 
     def __init__(
         self,
@@ -135,37 +135,15 @@ class FakeBroker:
         ack_own: bool | None = True,
         ack_release: bool | None = True,
     ) -> None:
-        self.info = info
-        self.serving: set[BundleId] = set()
+        super().__init__(info, harness.clock, harness.timing.serving_lease_s)
         self.ack_own = ack_own
         self.ack_release = ack_release
         self._harness = harness
-        self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._leasing: asyncio.Task[None] | None = None
-        self.lease = BrokerLease()
-        """Its serving lease (the broker contract): it serves nothing once this ran out."""
-        self.paused = False
-        """A paused broker (SIGSTOP) does nothing: no ack, no lease request, no report."""
-
-    @property
-    def id(self) -> BrokerId:
-        """The broker id."""
-        return self.info.broker_id
-
-    @property
-    def connected(self) -> bool:
-        """Whether its session is running."""
-        return self._task is not None and not self._task.done()
 
     async def connect(self, link: BrokerLink) -> None:
         """Open a session with ``link`` (Hello first) and wait until the link is attached."""
-        self._outgoing = asyncio.Queue()
-        self._outgoing.put_nowait(Hello(self.info))
-        self.lease = BrokerLease()
         events = link.events()
-        self._task = asyncio.create_task(self._run(link), name=f"fake-broker-{self.id}")
-        self._leasing = asyncio.create_task(self._keep_lease(), name=f"fake-lease-{self.id}")
+        self.open(link.session)
         async with asyncio.timeout(WAIT_S), contextlib.aclosing(events):
             async for event in events:
                 if event.kind is LinkEventKind.ATTACHED and event.info == self.info:
@@ -173,83 +151,54 @@ class FakeBroker:
 
     async def disconnect(self) -> None:
         """End the session (the broker's stream ends) and wait for the link to notice."""
-        if self._task is None:
+        if not self._tasks:
             return
-        leasing, self._leasing = self._leasing, None
-        if leasing is not None:
-            leasing.cancel()
+        run, *others = self._tasks
+        for task in others:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await leasing
+                await task
         self._outgoing.put_nowait(None)
         async with asyncio.timeout(WAIT_S):
-            await self._task
-        self._task = None
-        self.serving.clear()  # the session ended: the broker stops serving everything
-
-    def may_serve(self) -> bool:
-        """Whether its serving lease is valid now (on the harness clock)."""
-        return self.lease.valid(self._harness.clock.monotonic())
-
-    async def _keep_lease(self) -> None:
-        """Ask for the lease now and every quarter of its duration; drop everything when it ran
-        out unrenewed (noticed at the next tick, and never counted as serving after its end)."""
-        clock = self._harness.clock
-        while True:
-            if not self.paused:
-                self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
-            await clock.sleep(self._harness.timing.serving_lease_s / 4)
-            if self.paused:
-                continue  # it notices nothing while paused; its clock runs on
-            if self.lease.lapse_if_due(clock.monotonic()):
-                self._harness._record(BrokerEvent(self.id, "lapse", BundleId("")))
-                self.serving.clear()
+            await run
+        self._tasks = []
+        self.serving.clear()
 
     def report(self, report: LoadReport) -> None:
         """Send a load report."""
-        self._outgoing.put_nowait(report)
+        self.send(report)
 
     def leave(self, reason: str) -> None:
         """Say it is shutting down gracefully (it goes on serving what it is told)."""
-        self._outgoing.put_nowait(Leave(reason))
+        self.send(Leave(reason))
 
     def report_ack(self, ack: CommandAck) -> None:
         """Send an ack of its own making (e.g. a late answer to a command it left unanswered)."""
-        self._outgoing.put_nowait(ack)
+        self.send(ack)
 
-    async def _incoming(self) -> AsyncIterator[BrokerMessage]:
-        while (message := await self._outgoing.get()) is not None:
-            yield message
-
-    async def _run(self, link: BrokerLink) -> None:
-        async with contextlib.aclosing(link.session(self._incoming())) as commands:
-            async for message in commands:
-                self._handle(message)
-
-    def _handle(self, message: SidecarMessage) -> None:
-        command = message.command
-        answer: bool | None = True
-        if self.paused:
-            return  # lost: a real paused broker would read it on resume, too late to matter
+    def answer(self, command: OwnCommand | ReleaseCommand | CloseCommand) -> bool | None:
         match command:
-            case ServingLease():
-                self.lease.grant(command, self._harness.clock.monotonic())
-                return
-            case OwnCommand(bundle=bundle):
-                self._harness._record(BrokerEvent(self.id, "own", bundle))
-                answer = self.ack_own
-                if answer:
-                    self._harness._check_exclusive(self.id, bundle)
-                    self.serving.add(bundle)
-            case ReleaseCommand(bundle=bundle, new_owner=new_owner):
-                detail = "" if new_owner is None else new_owner.broker_id
-                self._harness._record(BrokerEvent(self.id, "release", bundle, detail))
-                self.serving.discard(bundle)
-                answer = self.ack_release
-            case CloseCommand(bundle=bundle, reason=reason):
-                self._harness._record(BrokerEvent(self.id, "close", bundle, reason))
-                self.serving.discard(bundle)
-        if answer is not None:
-            self._outgoing.put_nowait(CommandAck(message.command_id, ok=answer))
+            case OwnCommand():
+                return self.ack_own
+            case ReleaseCommand():
+                return self.ack_release
+        return True
+
+    def on_own(self, bundle: BundleId, accepted: bool) -> None:
+        self._harness._record(BrokerEvent(self.id, "own", bundle))
+        if accepted:
+            self._harness._check_exclusive(self.id, bundle)
+
+    def on_release(self, bundle: BundleId, command: ReleaseCommand | CloseCommand) -> None:
+        if isinstance(command, ReleaseCommand):
+            new_owner = command.new_owner
+            detail = "" if new_owner is None else new_owner.broker_id
+            self._harness._record(BrokerEvent(self.id, "release", bundle, detail))
+        else:
+            self._harness._record(BrokerEvent(self.id, "close", bundle, command.reason))
+
+    def on_lapse(self, was_serving: bool) -> None:
+        self._harness._record(BrokerEvent(self.id, "lapse", BundleId("")))
 
 
 class Sidecar:
