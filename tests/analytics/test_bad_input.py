@@ -10,7 +10,7 @@ import pytest
 
 from lbd.cli.main import main
 from lbd.history.schema import BROKER_LOAD, arrow_schema
-from tests.analytics.conftest import T0, broker_row, write_history
+from tests.analytics.histories import T0, broker_row, write_history
 
 
 def _run(capsys, *argv: str) -> tuple[int, str]:

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from lbd.analytics.report import ReportOptions, build_report
-from tests.analytics.conftest import BROKER_LOAD, DECISIONS, T0, broker_row, decision, write_history
+from tests.analytics.histories import (
+    BROKER_LOAD,
+    DECISIONS,
+    T0,
+    broker_row,
+    decision,
+    write_history,
+)
 
 MIN = 60_000
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lbd.devcluster.ports import free_ports
-from tests.analytics.conftest import BROKER_LOAD, T0, broker_row, write_history
+from tests.analytics.histories import BROKER_LOAD, T0, broker_row, write_history
 
 pytestmark = pytest.mark.timeout(180)
 

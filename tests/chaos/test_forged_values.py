@@ -20,7 +20,7 @@ import pytest
 from lbd.core.state import MAX_VALUE_BYTES
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from tests.e2e.conftest import (
+from tests.e2e.clusters import (
     ORPHAN_BOUND_S,
     Cluster,
     own_topics,

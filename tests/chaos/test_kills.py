@@ -18,7 +18,7 @@ import pytest
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import (
+from tests.e2e.clusters import (
     ORPHAN_BOUND_S,
     Cluster,
     own_topics,

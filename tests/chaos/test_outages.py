@@ -19,7 +19,7 @@ import pytest
 
 from lbd.devcluster.cluster import dev_settings
 from lbd.devcluster.faults import OutageReport, OutageRun, Probes, Respawned
-from tests.e2e.conftest import (
+from tests.e2e.clusters import (
     SECURE,
     Cluster,
     own_topics,

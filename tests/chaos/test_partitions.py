@@ -32,7 +32,7 @@ from lbd.devcluster.disruptions import ClientHarness, EventFigures, SafetyFigure
 from lbd.devcluster.partitions import SCENARIOS
 from lbd.devcluster.partitions import run as run_partition
 from lbd.traffic.clients import TrafficSpec, topics_for
-from tests.e2e.conftest import SECURE, lbd, start_cluster, stop_cluster
+from tests.e2e.clusters import SECURE, lbd, start_cluster, stop_cluster
 
 pytestmark = [
     pytest.mark.servers,

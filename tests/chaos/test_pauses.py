@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from lbd.devcluster.serving import dual_serving, serving_intervals
-from tests.e2e.conftest import (
+from tests.e2e.clusters import (
     Cluster,
     own_topics,
     serving_overlaps,

@@ -19,7 +19,7 @@ from bench import (
     sidecar_bench,
 )
 from bench.report import Figure, cuts, drain, figures_table
-from tests.e2e.conftest import DEV, HANDOVER_S
+from tests.e2e.clusters import DEV, HANDOVER_S
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 

@@ -27,7 +27,7 @@ import pytest
 
 from lbd.devcluster.disruptions import ClientHarness, EventFigures, SafetyFigures
 from lbd.traffic.clients import ClientTls, TrafficSpec, topics_for
-from tests.e2e.conftest import SECURE, start_cluster, stop_cluster
+from tests.e2e.clusters import SECURE, start_cluster, stop_cluster
 
 NAMESPACE = "e2e/clients"
 TOPICS = 12

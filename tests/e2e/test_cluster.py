@@ -21,7 +21,7 @@ from lbd.core.bundles import NamespaceBundles, parse_bundle_id
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import Cluster, grpcurl_binary, serving_overlaps, wait_for
+from tests.e2e.clusters import Cluster, grpcurl_binary, serving_overlaps, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 

@@ -20,7 +20,7 @@ import pytest
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.serving import dual_serving, serving_intervals
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import Cluster, own_topics, start_cluster, stop_cluster, wait_for
+from tests.e2e.clusters import Cluster, own_topics, start_cluster, stop_cluster, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]
 

@@ -15,7 +15,7 @@ import pytest
 
 from lbd.core.shedding import SkipReason
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import (
+from tests.e2e.clusters import (
     DEV,
     HANDOVER_S,
     Cluster,

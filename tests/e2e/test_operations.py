@@ -11,7 +11,7 @@ import pytest
 
 from lbd.devcluster.cluster import TRAFFIC_NAMESPACE
 from lbd.gen.v1 import lbd_pb2
-from tests.e2e.conftest import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
+from tests.e2e.clusters import Cluster, serving_overlaps, start_cluster, stop_cluster, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]
 

@@ -26,7 +26,7 @@ import pytest
 from lbd.devcluster import free_port
 from lbd.devcluster.faults import freeze
 from lbd.devcluster.servers import die_with_parent_prefix
-from tests.e2e.conftest import Cluster, start_cluster, stop_cluster, wait_for
+from tests.e2e.clusters import Cluster, start_cluster, stop_cluster, wait_for
 from tests.prometheus_tools import binary, write_rules_with_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]

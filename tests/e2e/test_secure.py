@@ -19,7 +19,7 @@ from lbd.broker.credentials import ClientCredentials
 from lbd.devcluster.pki import DevPki
 from lbd.devcluster.secure import PKI_DIR
 from lbd.gen.v1 import lbd_pb2, lbd_pb2_grpc
-from tests.e2e.conftest import Cluster, lbd, own_topics, start_cluster, stop_cluster, wait_for
+from tests.e2e.clusters import Cluster, lbd, own_topics, start_cluster, stop_cluster, wait_for
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(180)]
 

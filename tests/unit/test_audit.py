@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -32,6 +33,7 @@ from lbd.core.load import BrokerLoadData
 from lbd.core.settings import MonitorConfig
 from lbd.core.state import ServiceUnitState, ServiceUnitStateData, encode_value
 from lbd.core.table import DIGEST_MODULUS, ChannelPosition, StateTable, entry_digest
+from tests.channel_values import data
 
 S = ServiceUnitState
 A, B, C = BrokerId("broker-a"), BrokerId("broker-b"), BrokerId("broker-c")
@@ -47,9 +49,11 @@ LONG = 10.0**6
 """A leader that has led for ever: no bound is cut short."""
 
 
-def value(state: ServiceUnitState, version: int = 1, **fields: object) -> ServiceUnitStateData:
-    fields.setdefault("dst_broker", A)
-    return ServiceUnitStateData(state=state, version_id=version, **fields)  # type: ignore[arg-type]
+def value(state: ServiceUnitState, version: int = 1, **fields: Any) -> ServiceUnitStateData:
+    """The shared builder's value, to broker ``A`` unless said otherwise."""
+    fields.setdefault("dst", A)
+    fields.setdefault("timestamp_ms", 0)
+    return data(state, version, **fields)
 
 
 def pos(entry: int) -> ChannelPosition:
@@ -66,12 +70,12 @@ def apply_all(table: StateTable, messages: list[tuple[BundleId, bytes]], first: 
 
 LOG = [
     (B1, encode_value(value(S.Assigning))),
-    (B2, encode_value(value(S.Owned, dst_broker=B))),
+    (B2, encode_value(value(S.Owned, dst=B))),
     (B1, encode_value(value(S.Owned, 2))),
-    (B1, encode_value(value(S.Owned, 2, dst_broker=C))),  # rejected: same version
+    (B1, encode_value(value(S.Owned, 2, dst=C))),  # rejected: same version
     (B2, b"{not json"),  # malformed
     (B2, b""),  # tombstone
-    (B2, encode_value(value(S.Splitting, 1, source_broker=B, split_children={B1: A, B2: None}))),
+    (B2, encode_value(value(S.Splitting, 1, src=B, children={B1: A, B2: None}))),
 ]
 
 
@@ -92,7 +96,7 @@ def test_the_digest_does_not_depend_on_the_order_of_different_bundles() -> None:
 
 def test_a_tombstone_takes_the_bundle_out_of_the_digest() -> None:
     table = StateTable()
-    free = value(S.Free, dst_broker=None, source_broker=B)
+    free = value(S.Free, dst=None, src=B)
     apply_all(table, [(B2, encode_value(free))])
     assert table.digest == entry_digest(B2, free) != 0
     table.apply(pos(1), B2, b"")
@@ -118,9 +122,7 @@ def test_any_difference_in_one_value_changes_the_digest(changed: dict[str, objec
     different = dataclasses.replace(base, **changed)  # type: ignore[arg-type]
     one, other = StateTable(), StateTable()
     for table, last in ((one, base), (other, different)):
-        apply_all(
-            table, [(B2, encode_value(value(S.Owned, dst_broker=B))), (B1, encode_value(last))]
-        )
+        apply_all(table, [(B2, encode_value(value(S.Owned, dst=B))), (B1, encode_value(last))])
         assert table.get(B1) == last
     assert one.last_position == other.last_position
     assert one.digest != other.digest
@@ -134,8 +136,8 @@ _values = st.builds(
     value,
     st.sampled_from([S.Owned, S.Assigning, S.Releasing, S.Free]),
     st.integers(1, 4),
-    dst_broker=st.sampled_from([A, B]),
-    source_broker=st.sampled_from([None, C]),
+    dst=st.sampled_from([A, B]),
+    src=st.sampled_from([None, C]),
     force=st.booleans(),
 )
 _messages = st.lists(
@@ -231,9 +233,9 @@ def test_an_owner_gone_past_the_grace_and_two_sweeps_is_a_stale_owner() -> None:
 @pytest.mark.parametrize(
     ("state", "fields", "says"),
     [
-        (S.Assigning, {"dst_broker": A}, "never confirmed owning"),
-        (S.Releasing, {"dst_broker": B, "source_broker": A}, "did not finish releasing"),
-        (S.Splitting, {"dst_broker": None, "source_broker": A}, "split"),
+        (S.Assigning, {"dst": A}, "never confirmed owning"),
+        (S.Releasing, {"dst": B, "src": A}, "did not finish releasing"),
+        (S.Splitting, {"dst": None, "src": A}, "split"),
     ],
 )
 def test_an_in_flight_value_past_its_timeout_and_two_sweeps_is_stuck(
@@ -249,7 +251,7 @@ def test_an_in_flight_value_past_its_timeout_and_two_sweeps_is_stuck(
 
 
 def test_an_announced_move_off_a_gone_broker_is_stuck_only_past_the_hand_over() -> None:
-    announced = value(S.Releasing, dst_broker=B, source_broker=A, force=True)
+    announced = value(S.Releasing, dst=B, src=A, force=True)
     away_past = {A: 60 + 20 + 25 + 1.0}
     assert check(announced, live=(B,), away=away_past, age=45.0) is None  # D + slack
     assert check(announced, live=(B,), away={A: 105.0}, age=46.0) is None  # G + D + slack
@@ -259,7 +261,7 @@ def test_an_announced_move_off_a_gone_broker_is_stuck_only_past_the_hand_over() 
 
 
 def test_an_assigning_to_a_gone_broker_is_due_for_announcement_like_an_owned_bundle() -> None:
-    assigning = value(S.Assigning, dst_broker=A)
+    assigning = value(S.Assigning, dst=A)
     assert check(assigning, live=(B,), away={A: 80.0}, age=500.0) is None
     finding = check(assigning, live=(B,), away={A: 81.0})
     assert finding is not None and finding.kind is FindingKind.STUCK_IN_FLIGHT
@@ -267,12 +269,12 @@ def test_an_assigning_to_a_gone_broker_is_due_for_announcement_like_an_owned_bun
 
 
 def test_settled_values_with_live_servers_are_fine() -> None:
-    for v in (value(S.Owned), value(S.Free), value(S.Deleted, dst_broker=None, source_broker=A)):
+    for v in (value(S.Owned), value(S.Free), value(S.Deleted, dst=None, src=A)):
         assert check(v, age=10.0**6) is None
 
 
 def test_the_table_check_ages_undated_values_from_when_they_were_first_seen() -> None:
-    undated = value(S.Releasing, 4, dst_broker=B, source_broker=A)
+    undated = value(S.Releasing, 4, dst=B, src=A)
     assert value_age_s(B1, undated, NOW_MS, {}) == 0
     assert value_age_s(B1, undated, NOW_MS, {(B1, 4): NOW_MS - 60_000}) == 60
     dated = dataclasses.replace(undated, timestamp_ms=NOW_MS - 1000)
@@ -387,7 +389,7 @@ def test_dead_owner_answers_past_the_failover_say_why() -> None:
     assert "registry is behind etcd" in behind_etcd.action
     not_moved = dead_owner(81.0, leader=value(S.Owned))
     assert not_moved is not None and "stale_owner" in not_moved.action
-    moved = dead_owner(81.0, leader=value(S.Owned, dst_broker=B))
+    moved = dead_owner(81.0, leader=value(S.Owned, dst=B))
     assert moved is not None and "table is behind" in moved.action
     # Never saw it registered: the leader's view of how long it has been away decides.
     assert dead_owner(None, leader=value(S.Owned)) is not None

@@ -23,30 +23,11 @@ from lbd.core.state import (
     to_json_object,
 )
 from lbd.core.table import ChannelPosition, Outcome, StateTable
+from tests.channel_values import data as value
 
 S = ServiceUnitState
 A, B = BrokerId("a:8080"), BrokerId("b:8080")
 X, Y = BundleId("t/n/0x00000000_0x80000000"), BundleId("t/n/0x80000000_0xffffffff")
-
-
-def value(
-    state: ServiceUnitState,
-    version: int,
-    *,
-    dst: BrokerId | None = None,
-    src: BrokerId | None = None,
-    force: bool = False,
-    term: int | None = None,
-) -> ServiceUnitStateData:
-    return ServiceUnitStateData(
-        state=state,
-        version_id=version,
-        dst_broker=dst,
-        source_broker=src,
-        force=force,
-        timestamp_ms=42,
-        leader_term=term,
-    )
 
 
 def pos(entry: int, batch: int = -1, ledger: int = 1) -> ChannelPosition:

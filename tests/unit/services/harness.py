@@ -390,6 +390,18 @@ class Harness:
             for sidecar in self.live():
                 await sidecar.registry.wait_for(expected)
 
+    def elected_now(self) -> Sidecar:
+        """The live sidecar whose elector leads now (AssertionError: none does)."""
+        found = next((s for s in self.live() if s.elector.is_leader), None)
+        assert found is not None, "no live sidecar leads"
+        return found
+
+    async def elected(self, within_s: float = 10.0) -> Sidecar:
+        """The live sidecar whose elector leads, once one does (the clock runs meanwhile); the
+        leader duties may still be starting: :meth:`leader` waits for them too."""
+        await settle(self.clock, lambda: any(s.elector.is_leader for s in self.live()), within_s)
+        return self.elected_now()
+
     async def leader(self, within_s: float = 10.0) -> Sidecar:
         """The sidecar running the leader duties, once one does (the clock runs meanwhile)."""
 

@@ -37,15 +37,6 @@ def budget(per_broker: int, cluster: int, per_minute: int) -> GovernorConfig:
     return GovernorConfig(balancing=Budget(per_broker, cluster, per_minute))
 
 
-def leader_of(h: Harness) -> Sidecar:
-    return next(s for s in h.live() if s.elector.is_leader)
-
-
-async def elected(h: Harness) -> Sidecar:
-    await settle(h.clock, lambda: any(s.elector.is_leader for s in h.live()))
-    return leader_of(h)
-
-
 async def namespace_on(h: Harness, name: str, bundles: int, owner: Sidecar) -> list[BundleId]:
     """Create ``name`` with ``bundles`` bundles, every one Owned by ``owner``."""
     ns = NamespaceName.parse(name)
@@ -142,7 +133,7 @@ async def test_explicit_moves_to_a_cordoned_broker_are_refused_and_change_nothin
 async def test_cordon_and_drain_requests_are_checked() -> None:
     async with Harness(config=QUIET) as h:
         (a,) = await h.start(1)
-        leader = await elected(h)
+        leader = await h.elected()
         with pytest.raises(NotFoundError, match="broker nobody is not registered"):
             await a.drainer.cordon(BrokerId("nobody"))
         with pytest.raises(NotFoundError, match="broker nobody is not registered"):
@@ -168,7 +159,7 @@ async def test_the_governor_holds_its_limits_under_a_drain_of_200_bundles() -> N
     config = dataclasses.replace(QUIET, governor=budget(per_broker, cluster, 0))
     async with Harness(config=config) as h:
         a, b, c, d, e = await h.start(5, auto_ack=False, fake_broker=True)
-        leader = await elected(h)
+        leader = await h.elected()
         bundles = await namespace_on(h, "t/drain", 200, d)
         # A second, smaller drain at the same time: two sources of 3 moves each would make 6,
         # so the cluster's limit is the one that binds while both run.
@@ -212,7 +203,7 @@ async def test_the_governor_holds_its_limits_under_a_drain_of_200_bundles() -> N
 async def test_a_decommissioned_broker_stays_deregistered_until_uncordoned() -> None:
     async with Harness(config=QUIET) as h:
         await h.start(3, auto_ack=False, fake_broker=True)
-        leader = await elected(h)
+        leader = await h.elected()
         victim, other = [s for s in h.live() if s is not leader]
         bundles = await namespace_on(h, "t/decommission", 8, victim)
 
@@ -246,7 +237,7 @@ async def test_a_new_leader_resumes_a_drain() -> None:
     config = dataclasses.replace(QUIET, governor=budget(2, 2, 4))
     async with Harness(config=config) as h:
         a, b, c = await h.start(3)
-        leader = await elected(h)
+        leader = await h.elected()
         assert leader is a
         bundles = await namespace_on(h, "t/resume", 12, c)
         await a.drainer.cordon(a.me, "leaving")  # only b may take them
@@ -256,7 +247,7 @@ async def test_a_new_leader_resumes_a_drain() -> None:
         assert op.state is OperationState.RUNNING
 
         await a.close()
-        successor = await elected(h)
+        successor = await h.elected()
         resumed = successor.tracker.active(OperationKind.DRAIN)
         assert [r.broker for r in resumed] == [c.me]
         assert len(resumed[0].moves) == 8  # what was left
@@ -270,7 +261,7 @@ async def test_uncordon_on_any_sidecar_stops_a_drain() -> None:
     config = dataclasses.replace(QUIET, governor=budget(1, 1, 2))
     async with Harness(config=config) as h:
         a, b, c = await h.start(3)
-        leader = await elected(h)
+        leader = await h.elected()
         assert leader is a
         bundles = await namespace_on(h, "t/stop", 6, c)
         op = await a.drainer.drain(c.me)
@@ -292,7 +283,7 @@ async def test_uncordon_on_any_sidecar_stops_a_drain() -> None:
 async def test_the_admin_api_cordons_anywhere_and_drains_on_the_leader() -> None:
     async with Harness(config=QUIET) as h:
         a, b, c = await h.start(3)
-        assert await elected(h) is a
+        assert await h.elected() is a
         await namespace_on(h, "t/api", 6, c)
         async with serve_api(h, a) as on_a, serve_api(h, b) as on_b:
             await until(lambda: b.registry.get(a.me).sidecar_grpc_addr == on_a.addr)  # type: ignore[union-attr]
@@ -323,7 +314,7 @@ async def test_the_admin_api_cordons_anywhere_and_drains_on_the_leader() -> None
 async def test_a_broker_that_leaves_is_drained_and_back_in_service_when_it_returns() -> None:
     async with Harness(config=QUIET) as h:
         await h.start(3, auto_ack=False, fake_broker=True)
-        leader = await elected(h)
+        leader = await h.elected()
         victim = next(s for s in h.live() if s is not leader)
         bundles = await namespace_on(h, "t/leave", 8, victim)
         assert victim.broker is not None
@@ -343,7 +334,7 @@ async def test_a_broker_that_leaves_is_drained_and_back_in_service_when_it_retur
 async def test_a_leave_leaves_an_operators_record_as_it_is() -> None:
     async with Harness(config=QUIET) as h:
         await h.start(3, auto_ack=False, fake_broker=True)
-        leader = await elected(h)
+        leader = await h.elected()
         victim = next(s for s in h.live() if s is not leader)
         assert victim.broker is not None
         await leader.drainer.cordon(victim.me, "disk swap")

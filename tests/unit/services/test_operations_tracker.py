@@ -35,10 +35,6 @@ CONFIG = dataclasses.replace(
 )
 
 
-def leader_of(h: Harness) -> Sidecar:
-    return next(s for s in h.live() if s.elector.is_leader)
-
-
 async def all_on_first(h: Harness) -> tuple[Sidecar, Sidecar]:
     """Two sidecars with fake brokers; every bundle of public/default Owned by broker-0."""
     a, b = await h.start(2, auto_ack=False, fake_broker=True)
@@ -67,7 +63,7 @@ def max_in_flight(h: Harness) -> tuple[int, dict[BrokerId, int]]:
 async def test_a_plan_is_kept_then_executed_once_and_tracked_to_the_end() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         await publish_load(h, a.me, 0.9, BUNDLES, 25 * MB)
         await publish_load(h, b.me, 0.1, [], 25 * MB)
         await turns(lambda: len(leader.loads.brokers()) == 2)
@@ -104,7 +100,7 @@ async def test_a_plan_is_kept_then_executed_once_and_tracked_to_the_end() -> Non
 async def test_an_expired_plan_is_refused() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         await publish_load(h, a.me, 0.9, BUNDLES, 25 * MB)
         await publish_load(h, b.me, 0.1, [], 25 * MB)
         await turns(lambda: len(leader.loads.brokers()) == 2)
@@ -119,7 +115,7 @@ async def test_an_expired_plan_is_refused() -> None:
 async def test_cancel_lets_the_move_in_flight_finish_and_starts_no_other() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         moves = [Move(bundle, a.me, b.me, "Admin") for bundle in BUNDLES[:3]]
         op = leader.tracker.start_operation(OperationKind.ADMIN, "three moves", moves)
         await turns(lambda: op.moves[0].state is MoveState.IN_FLIGHT)
@@ -142,7 +138,7 @@ async def test_cancel_lets_the_move_in_flight_finish_and_starts_no_other() -> No
 async def test_a_stopping_sidecar_ends_its_operations_and_wakes_whoever_waits_for_them() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         moves = [Move(bundle, a.me, b.me, "Admin") for bundle in BUNDLES[:3]]
         op = leader.tracker.start_operation(OperationKind.ADMIN, "three moves", moves)
         await turns(lambda: leader.governor.queued(MoveKind.BALANCING) == 2)
@@ -161,7 +157,7 @@ async def test_the_governor_holds_its_limits_as_the_channel_shows_them() -> None
     async with Harness(config=config) as h:
         sidecars = await h.start(4, auto_ack=False, fake_broker=True)
         await settle(h.clock, lambda: any(s.elector.is_leader for s in h.live()))
-        leader = leader_of(h)
+        leader = h.elected_now()
         for bundle in BUNDLES:
             assert await sidecars[0].operations.assign(bundle, sidecars[0].me)
         await h.idle()
@@ -183,7 +179,7 @@ async def test_the_governor_holds_its_limits_as_the_channel_shows_them() -> None
 async def test_a_move_whose_bundle_changed_meanwhile_is_skipped_and_writes_nothing() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         # The bundle moved (to b) after the operation was planned from a.
         assert await h.admin_move(BUNDLES[0], b.me) == a.me
         await h.idle()
@@ -201,7 +197,7 @@ async def test_a_move_whose_bundle_changed_meanwhile_is_skipped_and_writes_nothi
 async def test_an_admin_transfer_runs_on_the_leader_as_an_operation() -> None:
     async with Harness(config=CONFIG) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         ops = leader.tracker.list_operations()
         assert await h.admin_move(BUNDLES[1], b.me) == a.me
         assert h.owner(BUNDLES[1]) == b.me
@@ -242,7 +238,7 @@ async def test_a_new_broker_is_filled_as_soon_as_it_reports_not_at_the_next_inte
     )
     async with Harness(config=config) as h:
         a, b = await all_on_first(h)
-        leader = leader_of(h)
+        leader = h.elected_now()
         await publish_load(h, a.me, 0.8, BUNDLES, 25 * MB)
         await publish_load(h, b.me, 0.1, [], 25 * MB)
         await turns(lambda: len(leader.loads.brokers()) == 2)
