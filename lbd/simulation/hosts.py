@@ -1,12 +1,11 @@
 """The world's hosts and what runs between them: gates that freeze a paused process or cut a
 link, each host's own drifting clock, the channel seen through a gate, the channel log that tells
-the checks every append, the CPU a sidecar measures without a broker report, and the traffic the
-cluster carries."""
+the checks every append, and the CPU a sidecar measures without a broker report. (The traffic the
+brokers carry is :class:`lbd.workload.traffic.HashedTopicTraffic`.)"""
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import random
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -14,12 +13,7 @@ from contextlib import AbstractAsyncContextManager
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
-from lbd.core.broker_info import (
-    LoadReport,
-)
-from lbd.core.bundles import parse_bundle_id
-from lbd.core.ids import BundleId
-from lbd.core.load import BrokerUsage, BundleLoad, ResourceUsage
+from lbd.core.load import BrokerUsage, ResourceUsage
 from lbd.core.table import ChannelPosition
 from lbd.ports.channel import ChannelMessage
 from lbd.ports.clock import TimeoutScope
@@ -136,67 +130,3 @@ class SimulatedHost:
     def sample(self, now_s: float) -> BrokerUsage:
         self._cpu = min(95.0, max(1.0, self._cpu + self._rng.uniform(-5.0, 5.0)))
         return BrokerUsage(cpu=ResourceUsage(self._cpu, 100.0))
-
-
-class WorldTraffic:
-    """The messages the cluster carries: a fixed set of topics, each at a hash position with a
-    seeded rate, so that a bundle carries what its range holds (a split divides it as a real one
-    does), and load swings that make one topic hot for a while."""
-
-    TOPICS = 200
-    CAPACITY_MSG_S = 10_000.0
-    """A broker's CPU is at 100 % at this many messages per second."""
-
-    def __init__(self, rng: random.Random) -> None:
-        topics = sorted(
-            (rng.randrange(2**32), rng.uniform(10.0, 200.0)) for _ in range(self.TOPICS)
-        )
-        self._hashes = [h for h, _ in topics]
-        self._rates = [r for _, r in topics]
-        self._hot: dict[int, float] = {}
-        self._loads: dict[BundleId, BundleLoad] = {}
-        """What each bundle carries, until the next swing."""
-
-    def swing(self, topic: int, factor: float) -> None:
-        """Make ``topic`` (an index) ``factor`` times busier (1: back to normal)."""
-        if factor == 1.0:
-            self._hot.pop(topic, None)
-        else:
-            self._hot[topic] = factor
-        self._loads.clear()
-
-    def load(self, bundle: BundleId) -> BundleLoad:
-        """What ``bundle`` carries now."""
-        found = self._loads.get(bundle)
-        if found is not None:
-            return found
-        r = parse_bundle_id(bundle).range
-        first = bisect.bisect_left(self._hashes, r.lo)
-        end = r.hi + 1 if r.includes_upper else r.hi
-        last = bisect.bisect_left(self._hashes, end)
-        rate = sum(self._rates[i] * self._hot.get(i, 1.0) for i in range(first, last))
-        found = self._loads[bundle] = BundleLoad(
-            bundle,
-            msg_rate_in=rate / 2,
-            msg_rate_out=rate / 2,
-            msg_throughput_in=rate * 512,
-            msg_throughput_out=rate * 512,
-            topics=last - first,
-        )
-        return found
-
-    def report(self, serving: Sequence[BundleId]) -> LoadReport:
-        """A broker's load report for the bundles it serves."""
-        bundles = tuple(self.load(b) for b in serving)
-        rate = sum(b.msg_rate_in + b.msg_rate_out for b in bundles)
-        cpu = min(100.0, 5.0 + 100.0 * rate / self.CAPACITY_MSG_S)
-        usage = BrokerUsage(
-            cpu=ResourceUsage(cpu, 100.0),
-            msg_rate_in=rate / 2,
-            msg_rate_out=rate / 2,
-            msg_throughput_in=rate * 512,
-            msg_throughput_out=rate * 512,
-            bundle_count=len(bundles),
-            topics=sum(b.topics for b in bundles),
-        )
-        return LoadReport(usage=usage, bundles=bundles)

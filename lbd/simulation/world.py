@@ -58,7 +58,6 @@ from lbd.simulation.hosts import (
     HostClock,
     SimulatedHost,
     WatchedLog,
-    WorldTraffic,
 )
 from lbd.simulation.schedule import (
     CLUSTER_WIDE,
@@ -77,6 +76,7 @@ from lbd.simulation.schedule import (
     WorldSpec,
     schedule,
 )
+from lbd.workload.traffic import HashedTopicTraffic
 
 _S = ServiceUnitState
 
@@ -129,7 +129,7 @@ class World:
         self._starting: set[BrokerId] = set()
         self._joining: set[BrokerId] = set()
         self._bundle_ids: dict[BundleId, Bundle] = {}
-        self.traffic = WorldTraffic(random.Random(f"traffic-{spec.seed}"))
+        self.traffic = HashedTopicTraffic(random.Random(f"traffic-{spec.seed}"))
 
     def note(self, line: str) -> None:
         """Add a line to the trace, stamped with the virtual time."""
@@ -387,7 +387,7 @@ class World:
         elif kind == "redeliver":
             self._log.redeliver(rng.randint(1, 5))
         elif kind == "load-swing":
-            topic = rng.randrange(WorldTraffic.TOPICS)
+            topic = rng.randrange(HashedTopicTraffic.TOPICS)
             self.traffic.swing(topic, rng.uniform(20.0, 60.0))
             await self.clock.sleep(duration)
             self.traffic.swing(topic, 1.0)

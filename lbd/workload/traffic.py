@@ -1,4 +1,5 @@
-"""Synthetic traffic of a simulated broker: per-topic rates, per-bundle stats, resource usage.
+"""Synthetic traffic: of a simulated broker process (:class:`Workload`: named topics per bundle,
+per-bundle stats, resource usage), and of the simulation world (:class:`HashedTopicTraffic`).
 
 Pure and deterministic: a topic's base rate depends only on the seed and the topic's name, and the
 jitter of one report only on the seed, the bundle and the report's sequence number. So the same
@@ -17,13 +18,16 @@ import bisect
 import hashlib
 import heapq
 import math
+import random
 import zlib
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
+from lbd.core.broker_info import LoadReport
 from lbd.core.bundles import FULL_UPPER, Bundle, parse_bundle_id, topic_hash
 from lbd.core.ids import BundleId
-from lbd.core.load import ResourceUsage
+from lbd.core.load import BundleLoad, ResourceUsage
+from lbd.workload.model import usage_of
 
 MAX_NAME_PROBES = 200_000
 """Most candidate names tried per bundle; a very narrow bundle may end up with fewer topics."""
@@ -314,3 +318,66 @@ _POOL_HEADROOM = 8
 short by chance (Poisson) less than once in 10^10 ranges for one topic each, less for more."""
 _INDEX_BITS = MAX_NAME_PROBES.bit_length()
 _INDEX_MASK = (1 << _INDEX_BITS) - 1
+
+
+class HashedTopicTraffic:
+    """The messages a simulated cluster carries (the simulation world's): a fixed set of topics,
+    each at a hash position with a seeded rate, so that a bundle carries what its range holds (a
+    split divides it as a real one does), and load swings that make one topic hot for a while.
+    A broker's report goes through the load model's conversion
+    (:func:`~lbd.workload.model.usage_of`): its load is a base share plus its message rate over
+    its capacity."""
+
+    TOPICS = 200
+    CAPACITY_MSG_S = 10_000.0
+    """A broker is fully loaded at this many messages per second."""
+    BASE_LOAD = 0.05
+    """The load of a broker that carries nothing."""
+
+    def __init__(self, rng: random.Random) -> None:
+        topics = sorted(
+            (rng.randrange(2**32), rng.uniform(10.0, 200.0)) for _ in range(self.TOPICS)
+        )
+        self._hashes = [h for h, _ in topics]
+        self._rates = [r for _, r in topics]
+        self._hot: dict[int, float] = {}
+        self._loads: dict[BundleId, BundleLoad] = {}
+        """What each bundle carries, until the next swing."""
+
+    def swing(self, topic: int, factor: float) -> None:
+        """Make ``topic`` (an index) ``factor`` times busier (1: back to normal)."""
+        if factor == 1.0:
+            self._hot.pop(topic, None)
+        else:
+            self._hot[topic] = factor
+        self._loads.clear()
+
+    def load(self, bundle: BundleId) -> BundleLoad:
+        """What ``bundle`` carries now."""
+        found = self._loads.get(bundle)
+        if found is not None:
+            return found
+        r = parse_bundle_id(bundle).range
+        first = bisect.bisect_left(self._hashes, r.lo)
+        end = r.hi + 1 if r.includes_upper else r.hi
+        last = bisect.bisect_left(self._hashes, end)
+        rate = sum(self._rates[i] * self._hot.get(i, 1.0) for i in range(first, last))
+        found = self._loads[bundle] = BundleLoad(
+            bundle,
+            msg_rate_in=rate / 2,
+            msg_rate_out=rate / 2,
+            msg_throughput_in=rate * 512,
+            msg_throughput_out=rate * 512,
+            topics=last - first,
+        )
+        return found
+
+    def report(self, serving: Sequence[BundleId]) -> LoadReport:
+        """A broker's load report for the bundles it serves."""
+        bundles = tuple(self.load(b) for b in serving)
+        rate = sum(b.msg_rate for b in bundles)
+        load = min(1.0, self.BASE_LOAD + rate / self.CAPACITY_MSG_S)
+        usage = usage_of(load, sum(b.msg_throughput for b in bundles), len(bundles))
+        return LoadReport(
+            usage=replace(usage, topics=sum(b.topics for b in bundles)), bundles=bundles
+        )
