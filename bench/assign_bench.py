@@ -15,7 +15,8 @@ channel shows it. Measured through one sidecar with the same grpc.aio client:
   ``per_call`` lookups made by the benchmark itself, ``calls_in_flight`` at a time: assignments
   per second each way.
 
-:func:`figures` sets the p99 and the bulk rates against their goals (README "Benchmarks").
+:func:`figures` sets the p99 and the bulk rates against their goals (docs/performance.md, "The
+figures of `make bench`").
 """
 
 from __future__ import annotations

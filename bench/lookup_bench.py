@@ -12,7 +12,7 @@ rounds set one slow stretch against the other server's fast one.
 
 Throughput is the median over a server's passes, and the ratio lbd / trivial (1.0 is the
 ceiling); the p99 is taken over all of a server's latencies at that concurrency together.
-:func:`figures` sets them against the goals (README "Benchmarks").
+:func:`figures` sets them against the goals (docs/performance.md, "The figures of `make bench`").
 """
 
 from __future__ import annotations

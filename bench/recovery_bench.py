@@ -14,7 +14,7 @@ follows it), timing each phase of the repair from the kill:
 The protocol fixes the waits (lease TTL, then the grace, then the hand-over wait after each
 announcement); what the repair itself costs is the spread of each phase and the time from the
 first hand-over to the last bundle Owned, which :func:`figures` sets against its goal: ten
-thousand orphans Owned again within 5 s (README "Benchmarks").
+thousand orphans Owned again within 5 s (docs/performance.md, "The figures of `make bench`").
 """
 
 from __future__ import annotations

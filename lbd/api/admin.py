@@ -327,7 +327,8 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
     async def Uncordon(
         self, request: lbd_pb2.UncordonRequest, context: grpc.aio.ServicerContext
     ) -> lbd_pb2.MaintenanceResponse:
-        """Put a broker back in service; its drain or decommission stops (on the leader)."""
+        """Put a broker back in service, on any sidecar: its maintenance record is cleared, and
+        the leader stops a drain or decommission of it when it sees that."""
         broker = convert.broker_id(request.broker_id, "broker_id")
         await self._d.drainer.uncordon(broker)
         return self._maintenance_response(broker)

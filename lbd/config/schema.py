@@ -381,7 +381,8 @@ class PulsarSettings(Section):
     top_bundles_topic: TopicStr = (
         "non-persistent://pulsar/system/loadbalancer-top-bundles-load-data"
     )
-    """TopBundlesLoadData, keyed by broker id, read by the leader (DESIGN §3)."""
+    """TopBundlesLoadData, keyed by broker id: every sidecar reads it, the leader's shedder
+    uses it (DESIGN §3)."""
     tls_trust_certs_file: Annotated[OptStr, _unless_none(_check_file)] = None
     """PEM CA bundle the brokers' certificates must chain to; needs a pulsar+ssl:// or https://
     service_url. Empty with such a URL: the system's CA bundle (OpenSSL's default file, which

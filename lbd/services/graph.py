@@ -11,8 +11,9 @@ Start order (:meth:`Sidecar.start`), each step needing the ones before:
    records, the namespace records (listed, then watched), ``public/default``;
 3. the session watcher, then ownership: the reactor reconciles the broker with the table, the
    registration follows the broker link, the fence watches the lease;
-4. this broker's load reports and split scheduler, then the leader election (whose duties are the
-   shedder, the ownership monitor, checkpoints, drains and the safety auditor).
+4. this broker's load reports and split scheduler, then the leader election (whose six duties are
+   the operation tracker, the shedder, the ownership monitor, checkpoints, the drainer and the
+   safety auditor).
 
 :meth:`Sidecar.close` stops them in reverse, deregistering the broker before the lease goes.
 """

@@ -1,7 +1,8 @@
 """The leader elector: campaigns in the metadata store and runs the leader duties while leading.
 
-Exactly one sidecar should run the cluster-wide duties (DESIGN §8): the unload scheduler, the
-ownership monitor and checkpoints. The election is the metadata store's (lowest create revision
+Exactly one sidecar should run the cluster-wide duties (DESIGN §8; lbd/services/graph.py wires
+six: the operation tracker, the unload scheduler, the ownership monitor, checkpoints, the drainer
+and the safety auditor). The election is the metadata store's (lowest create revision
 wins; the etcd term is that revision). Two terms come out of it:
 
 - the **etcd term** T names the leadership: it is what :attr:`LeaderElector.leader` (so GetLeader)
