@@ -46,14 +46,13 @@ run: setup ## the main job: a local 3-broker cluster with traffic, watched live 
 	trap '$(VENV)/bin/lbd dev down --state-dir $(DEV_STATE)' EXIT; trap 'exit 130' INT TERM; \
 	$(VENV)/bin/lbd ctl --server "$$($(VENV)/bin/lbd dev addr --state-dir $(DEV_STATE))" watch
 
-# The second run repeats the end-to-end and chaos suites on `lbd dev up --secure` clusters
-# (mutual TLS, roles, etcd with TLS and auth). It leaves out tests/e2e/test_bench.py: the
-# benchmarks start plain clusters of their own, so it would only repeat them (about 4 minutes).
-# SECURE_JUNIT: where that run writes its report.
-test: setup-analytics prometheus ## the whole suite, then e2e and chaos again on secure clusters
-	$(PY) -m pytest
-	LBD_TEST_SECURE=1 $(PY) -m pytest tests/e2e tests/chaos --ignore=tests/e2e/test_bench.py \
-		$(if $(SECURE_JUNIT),--junitxml=$(SECURE_JUNIT))
+# Two lanes of pytest side by side, one per core (scripts/run_tests.py): the tiers that keep a
+# core busy (unit, contract, simulation, analytics, integration), and the tiers that run dev
+# clusters (end-to-end, chaos), then both again on `lbd dev up --secure` clusters (mutual TLS,
+# roles, etcd with TLS and auth). Each run's log is printed whole when it ends, then a table of
+# the time per run and per tier. JUNIT_DIR: where each run writes its JUnit report.
+test: setup-analytics prometheus ## the whole suite, two lanes side by side, then the time per tier
+	$(PY) scripts/run_tests.py $(if $(JUNIT_DIR),--junit-dir $(JUNIT_DIR))
 
 test-unit: setup ## the pure, server-free tests only
 	$(PY) -m pytest tests/unit

@@ -8,8 +8,11 @@ so the shared ones stay healthy for everyone else.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import aetcd
 import pulsar
@@ -205,3 +208,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         tests = _TIER_TESTS.get(tier, 0)
         terminalreporter.write_line(f"{tier:<12} {seconds:8.1f} s  {tests:5d} tests")
     terminalreporter.write_line(f"{'all':<12} {sum(_TIER_SECONDS.values()):8.1f} s")
+    # scripts/run_tests.py runs several pytest side by side and adds their tiers up from here.
+    if path := os.environ.get("LBD_TIER_FILE"):
+        tiers = {
+            tier: {"seconds": seconds, "tests": _TIER_TESTS.get(tier, 0)}
+            for tier, seconds in _TIER_SECONDS.items()
+        }
+        Path(path).write_text(json.dumps(tiers))
