@@ -101,8 +101,13 @@ def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: C
     assert ended.state == lbd_pb2.OPERATION_STATE_CANCELLED, ended
     states = [m.state for m in ended.moves]
     assert lbd_pb2.MOVE_STATE_FAILED not in states
-    assert states.count(lbd_pb2.MOVE_STATE_CANCELLED) >= 1
-    assert states.count(lbd_pb2.MOVE_STATE_DONE) <= 1
+    # No move still waiting when the cancel was taken starts after it. The cancel's answer says
+    # which had started (on a busy machine a second may have, between the two calls); one more
+    # may have had its governor slot and not be in flight yet (one move at a time: at most one).
+    started = sum(1 for m in cancelled.moves if m.state != lbd_pb2.MOVE_STATE_PENDING)
+    assert states.count(lbd_pb2.MOVE_STATE_DONE) <= started + 1, (cancelled, ended)
+    assert states.count(lbd_pb2.MOVE_STATE_CANCELLED) >= len(states) - started - 1, ended
+    assert lbd_pb2.MOVE_STATE_CANCELLED in states, ended
     owners = cluster.owners(TRAFFIC_NAMESPACE)
     for move in ended.moves:
         expected = move.dst_broker_id if move.state == lbd_pb2.MOVE_STATE_DONE else hot
