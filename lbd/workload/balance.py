@@ -144,9 +144,10 @@ class BalanceSim:
             if event.at == cycle:
                 self._apply_event(event)
         self._update_traffic()
-        self._count_moves(model.place_orphans())
+        placed = model.place_orphans()
         model.report()
-        self._count_moves(model.apply(model.shed(self.strategy_name, self.config).decisions))
+        moved = model.apply(model.shed(self.strategy_name, self.config).decisions)
+        self._count_moves(placed + moved)
         return model.stds()[0]
 
     def actual_loads(self) -> dict[BrokerId, float]:
