@@ -47,10 +47,11 @@ run: setup ## the main job: a local 3-broker cluster with traffic, watched live 
 	$(VENV)/bin/lbd ctl --server "$$($(VENV)/bin/lbd dev addr --state-dir $(DEV_STATE))" watch
 
 # Two lanes of pytest side by side, one per core (scripts/run_tests.py): the tiers that keep a
-# core busy (unit, contract, simulation, analytics, integration), and the tiers that run dev
-# clusters (end-to-end, chaos), then both again on `lbd dev up --secure` clusters (mutual TLS,
-# roles, etcd with TLS and auth). Each run's log is printed whole when it ends, then a table of
-# the time per run and per tier. JUNIT_DIR: where each run writes its JUnit report.
+# core busy (unit, contract, simulation, analytics, integration) at the lowest CPU priority, and
+# the tiers that run dev clusters: end-to-end, both end-to-end and chaos on `lbd dev up --secure`
+# clusters (mutual TLS, roles, etcd with TLS and auth), then chaos. Each run's log is printed
+# whole when it ends, then a table of the time per run and per tier. JUNIT_DIR: where each run
+# writes its JUnit report.
 test: setup-analytics prometheus ## the whole suite, two lanes side by side, then the time per tier
 	$(PY) scripts/run_tests.py $(if $(JUNIT_DIR),--junit-dir $(JUNIT_DIR))
 
