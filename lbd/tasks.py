@@ -1,18 +1,23 @@
-"""Named, guarded background tasks (kopf's ``aiotasks.guard`` in spirit), and the event loop
-the processes run them on.
+"""Named, guarded background tasks (kopf's ``aiotasks.guard`` in spirit), the lifecycle of the
+components that run them, and the event loop the processes run them on.
 
 A guarded task logs its own death with its name; a *root* task's death is also reported to a
 callback so that the daemon can stop loudly instead of running on without a vital part.
+
+A component keeps its long-running tasks in one :class:`Tasks`, started in its ``start`` and
+reaped in its ``close``; :class:`Component` gives it ``async with``. Once everything is closed,
+:func:`tasks_outliving` names what still runs: a task that outlived its component.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 if TYPE_CHECKING:
     from lbd.ports.clock import Clock
@@ -93,6 +98,124 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
             raise
     except Exception:
         pass  # the guard logged it when it happened
+
+
+REAP_S: Final = 5.0
+"""How long :meth:`Tasks.close` waits for cancelled tasks to end, by default (the event loop's
+time). A cancelled task ends within a few turns of the loop, or within the bound of its last
+clean-up (closing a Pulsar reader is bounded at 2 s); one still running after this is a bug,
+named in the log, and the close goes on without it."""
+
+
+class Tasks:
+    """The long-running tasks of one component, from its start to its close.
+
+    ``start`` spawns them (each a :func:`guard` task), ``close`` reaps them: every one is
+    cancelled and waited for, within a bound. Kept tasks count until they are reaped, ended or
+    not, so that ``if self._tasks:`` tells whether the component was started. A closed
+    ``Tasks`` may spawn again (a component started again after its close).
+    """
+
+    __slots__ = ("_owner", "_tasks")
+
+    def __init__(self, owner: str) -> None:
+        """``owner`` names the component in the log (a task that did not end)."""
+        self._owner = owner
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def owner(self) -> str:
+        """The component's name."""
+        return self._owner
+
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, None],
+        *,
+        name: str,
+        on_death: Callable[[str, BaseException], None] | None = None,
+    ) -> asyncio.Task[None]:
+        """Start ``coro`` as a guarded task called ``name`` (see :func:`guard`) and keep it."""
+        task = guard(coro, name=name, on_death=on_death)
+        self._tasks.append(task)
+        return task
+
+    def __len__(self) -> int:
+        """Tasks kept and not yet reaped (ended ones included)."""
+        return len(self._tasks)
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    def __repr__(self) -> str:
+        return f"<Tasks of {self._owner}: {', '.join(t.get_name() for t in self._tasks)}>"
+
+    async def close(self, *, within_s: float | None = REAP_S) -> list[str]:
+        """Cancel every task and wait until all have ended, at most ``within_s`` seconds of the
+        event loop's time in all (None: for as long as they take); the names of those still
+        running then (each logged as an error, and no longer kept). Idempotent.
+
+        What the tasks end with is not raised (the guard logged a failure when it happened). A
+        cancellation of the caller is: it stops the wait at once, the tasks being cancelled
+        already; those not yet ended stay kept for the next close.
+        """
+        tasks = list(self._tasks)
+        if not tasks:
+            return []
+        for task in tasks:
+            task.cancel()
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=within_s)
+        except asyncio.CancelledError:
+            self._forget(t for t in tasks if t.done())
+            raise
+        self._forget(tasks)
+        late = [task.get_name() for task in tasks if task in pending]
+        for name in late:
+            _log.error(
+                "task %s of %s did not end within %g s of its cancellation",
+                name,
+                self._owner,
+                within_s,
+            )
+        return late
+
+    def _forget(self, tasks: Iterable[asyncio.Task[None]]) -> None:
+        gone = set(tasks)
+        self._tasks = [task for task in self._tasks if task not in gone]
+
+
+class Component(abc.ABC):
+    """A part with a lifecycle: ``start`` it, ``close`` it; ``async with`` does both."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the component's work."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop it, and wait until its tasks have ended."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def tasks_outliving(exclude: Collection[asyncio.Task[Any]] = ()) -> list[str]:
+    """The names of the tasks still running on this loop, sorted, other than the current one and
+    ``exclude``: once every component is closed, each is a task that outlived its component
+    (give the loop a few turns first, for tasks cancelled at the very end)."""
+    me = asyncio.current_task()
+    return sorted(
+        task.get_name()
+        for task in asyncio.all_tasks()
+        if task is not me and task not in exclude and not task.done()
+    )
 
 
 class _Expiry:

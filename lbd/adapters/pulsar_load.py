@@ -24,7 +24,7 @@ from lbd.core.errors import InvalidInputError
 from lbd.ports.clock import Clock
 from lbd.ports.errors import UnavailableError
 from lbd.ports.loadstore import LatestValues
-from lbd.tasks import cancel_and_wait
+from lbd.tasks import Component, Tasks
 
 _WATCH_INTERVAL_S: Final = 0.5
 """How often the receiving task checks that its reader is still connected."""
@@ -34,7 +34,7 @@ _RETRY_MAX_S: Final = 2.0
 _log = logging.getLogger(__name__)
 
 
-class PulsarLoadStore:
+class PulsarLoadStore(Component):
     """Latest value per key of the non-persistent ``topic``, expiring by age on read."""
 
     def __init__(self, connection: PulsarConnection, topic: str, clock: Clock) -> None:
@@ -44,7 +44,7 @@ class PulsarLoadStore:
         self._values = LatestValues()
         self._producer: Any = None
         self._producer_lock = asyncio.Lock()
-        self._receiver: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"the load store of {topic}")
         self._closed = False
 
     @property
@@ -55,12 +55,10 @@ class PulsarLoadStore:
     async def start(self) -> None:
         """Subscribe, then receive in a background task until closed (see the port)."""
         self._check_open()
-        if self._receiver is not None:
+        if self._tasks:
             return
         reader = await self._open_reader()
-        self._receiver = asyncio.create_task(
-            self._receive(reader), name=f"lbd-load-receiver[{self._topic}]"
-        )
+        self._tasks.spawn(self._receive(reader), name=f"lbd-load-receiver[{self._topic}]")
 
     async def publish(self, key: str, value: bytes) -> None:
         """Publish the latest ``value`` of ``key`` (see the port)."""
@@ -81,9 +79,7 @@ class PulsarLoadStore:
         if self._closed:
             return
         self._closed = True
-        receiver, self._receiver = self._receiver, None
-        if receiver is not None:
-            await cancel_and_wait(receiver)
+        await self._tasks.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             await close_quietly(producer, f"the producer of {self._topic}")

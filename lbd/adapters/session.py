@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import SessionEvent, SessionEventKind
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class EventHub:
             self._queues.discard(queue)
 
 
-class LeaseSession:
+class LeaseSession(Component):
     """Grants the lease, refreshes it every keepalive interval, and reports what happens.
 
     A failed refresh makes the session UNREACHABLE (once per outage) and it keeps trying; a refresh
@@ -135,7 +135,7 @@ class LeaseSession:
         self._last_renewed = clock.monotonic()
         self._granted = self._last_renewed
         self._reachable = True
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(name)
         self._closed = False
 
     @property
@@ -161,13 +161,13 @@ class LeaseSession:
 
     async def start(self) -> None:
         """Grant the first lease (raises UnavailableError) and start the keepalive task."""
-        if self._task is not None:
+        if self._tasks or self._closed:
             return
         sent = self._clock.monotonic()
         self._lease_id = await self._backend.grant(self._policy.lease_ttl_s)
         self._granted = sent
         self._last_renewed = sent
-        self._task = guard(self._keepalive(), name=f"{self._name}-keepalive")
+        self._tasks.spawn(self._keepalive(), name=f"{self._name}-keepalive")
 
     def note_unreachable(self) -> None:
         """A request of the store failed for want of a connection: enter the outage now."""
@@ -180,9 +180,7 @@ class LeaseSession:
         if self._closed:
             return
         self._closed = True
-        if self._task is not None:
-            with contextlib.suppress(SessionExpiredError):
-                await cancel_and_wait(self._task)
+        await self._tasks.close()
         if self._lease_id is not None:
             with contextlib.suppress(UnavailableError):
                 await self._backend.revoke(self._lease_id)

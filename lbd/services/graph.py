@@ -70,7 +70,7 @@ from lbd.services.sidecar.reactor import OwnershipReactor
 from lbd.services.sidecar.registration import BrokerRegistration
 from lbd.services.sidecar.session_watch import SessionWatcher
 from lbd.services.sidecar.splitting import SplitScheduler
-from lbd.tasks import cancel_and_wait, guard, idle_timeout
+from lbd.tasks import Component, Tasks, idle_timeout
 
 _log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SidecarPorts:
 
 
 @dataclass(eq=False)
-class Sidecar:
+class Sidecar(Component):
     """Every service of one sidecar, as :func:`build_sidecar` wired them."""
 
     me: BrokerId
@@ -182,21 +182,15 @@ class Sidecar:
         await self._started(stack, self.governor)
         await self._started(stack, self.tracker)
         await self._started(stack, self.elector)
-        observer = guard(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
-        stack.push_async_callback(cancel_and_wait, observer)
+        tasks = Tasks(f"the sidecar of {self.me}")
+        tasks.spawn(_count_owned(self.follower, self.metrics, self.me), name="owned-count")
+        stack.push_async_callback(tasks.close)
 
     async def close(self) -> None:
         """Stop every part in reverse order. Idempotent."""
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
-
-    async def __aenter__(self) -> Sidecar:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @staticmethod
     async def _started(stack: contextlib.AsyncExitStack, part: Any, *args: Any) -> None:

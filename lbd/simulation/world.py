@@ -76,6 +76,7 @@ from lbd.simulation.schedule import (
     WorldSpec,
     schedule,
 )
+from lbd.tasks import tasks_outliving
 from lbd.workload.traffic import HashedTopicTraffic
 
 _S = ServiceUnitState
@@ -265,9 +266,7 @@ class World:
     async def _check_no_task_left(self) -> None:
         """Every component is closed now: none of their tasks may still run."""
         await loop.settle()
-        me = asyncio.current_task()
-        left = sorted(t.get_name() for t in asyncio.all_tasks() if t is not me and not t.done())
-        for name in left[:5]:
+        for name in tasks_outliving()[:5]:
             self._violate(f"task {name} outlived its component")
 
     # -- building ----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Guarded tasks: deaths are reported, cancellation is not a death."""
+"""Guarded tasks: deaths are reported, cancellation is not a death; a component's tasks are
+reaped at its close."""
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from lbd.adapters.clock import ManualClock
-from lbd.tasks import cancel_and_wait, guard, idle_timeout, sleep_timeout
+from lbd.tasks import (
+    Component,
+    Tasks,
+    cancel_and_wait,
+    guard,
+    idle_timeout,
+    sleep_timeout,
+    tasks_outliving,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,6 +63,178 @@ async def test_cancellation_is_not_a_death_even_before_the_task_starts() -> None
     await cancel_and_wait(running)  # idempotent
     await cancel_and_wait(None)
     assert deaths == [] and never.cancelled() and running.cancelled()
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def _turns(n: int = 3) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _stubborn(started: asyncio.Event, release: asyncio.Event) -> None:
+    """Ignores its cancellation until ``release`` is set."""
+    started.set()
+    while True:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()
+            return
+
+
+async def test_close_cancels_every_task_spawned_and_waits_for_all() -> None:
+    tasks = Tasks("the test component")
+    deaths: list[str] = []
+    spawned = [
+        tasks.spawn(_forever(), name="a"),
+        tasks.spawn(_forever(), name="b", on_death=lambda n, e: deaths.append(n)),
+    ]
+    await _turns()
+    assert [t.get_name() for t in spawned] == ["a", "b"]  # the names are kept as given
+    assert not any(t.done() for t in spawned)
+    assert await tasks.close() == []
+    assert all(t.cancelled() for t in spawned)  # ended, not merely told to end
+    assert len(tasks) == 0 and deaths == []  # a cancellation is not a death
+
+
+async def test_close_is_idempotent_and_a_closed_tasks_may_spawn_again() -> None:
+    tasks = Tasks("the test component")
+    assert await tasks.close() == []  # nothing spawned: nothing to do
+    first = tasks.spawn(_forever(), name="first")
+    assert await tasks.close() == []
+    assert await tasks.close() == []
+    assert first.cancelled()
+    again = tasks.spawn(_forever(), name="again")  # started again after its close
+    await _turns()
+    assert not again.done() and len(tasks) == 1
+    await tasks.close()
+    assert again.cancelled()
+
+
+async def test_a_task_that_ignores_its_cancellation_is_named_and_given_up_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = Tasks("the test component")
+    started, release = asyncio.Event(), asyncio.Event()
+    tasks.spawn(_forever(), name="polite")
+    stubborn = tasks.spawn(_stubborn(started, release), name="stubborn")
+    await started.wait()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with caplog.at_level(logging.ERROR, logger="lbd.tasks"):
+        assert await tasks.close(within_s=0.05) == ["stubborn"]
+    assert loop.time() - began >= 0.05
+    assert [r.getMessage() for r in caplog.records] == [
+        "task stubborn of the test component did not end within 0.05 s of its cancellation"
+    ]
+    assert not stubborn.done() and not tasks  # still running, but no longer kept
+    release.set()
+    await stubborn
+
+
+async def test_the_closer_being_cancelled_stops_waiting_and_the_cancellation_propagates() -> None:
+    tasks = Tasks("the test component")
+    started, release = asyncio.Event(), asyncio.Event()
+    stubborn = tasks.spawn(_stubborn(started, release), name="stubborn")
+    await started.wait()
+    closer = asyncio.create_task(tasks.close())
+    await _turns()
+    assert stubborn.cancelling() and not closer.done()
+    closer.cancel()
+    await _turns()
+    assert closer.cancelled()  # at once, not after REAP_S
+    assert tasks and not stubborn.done()  # not reaped yet: kept for the next close
+    release.set()
+    assert await tasks.close() == []
+    assert stubborn.done() and not tasks
+
+
+async def test_a_close_in_a_task_being_cancelled_reaps_everything_then_lets_it_end() -> None:
+    tasks = Tasks("the test component")
+    spawned = [tasks.spawn(_forever(), name=name) for name in ("a", "b")]
+    reaped: list[bool] = []
+
+    async def component_task() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await tasks.close()
+            reaped.append(all(t.done() for t in spawned))
+
+    task = asyncio.create_task(component_task())
+    await _turns()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reaped == [True] and not tasks
+
+
+async def test_tasks_are_true_from_the_first_spawn_until_reaped() -> None:
+    tasks = Tasks("the test component")
+    assert not tasks and len(tasks) == 0
+
+    async def brief() -> None:
+        return None
+
+    done = tasks.spawn(brief(), name="brief")
+    assert tasks and len(tasks) == 1
+    await done
+    assert tasks and len(tasks) == 1  # ended on its own, but not reaped: still started
+    tasks.spawn(_forever(), name="forever")
+    assert len(tasks) == 2
+    await tasks.close()
+    assert not tasks and len(tasks) == 0
+
+
+class _Part(Component):
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self._tasks = Tasks("the part")
+
+    async def start(self) -> None:
+        self.events.append("start")
+        self._tasks.spawn(_forever(), name="part-work")
+
+    async def close(self) -> None:
+        self.events.append(f"close ({len(self._tasks)} task)")
+        await self._tasks.close()
+
+
+async def test_async_with_starts_a_component_and_closes_it_even_on_error() -> None:
+    async with _Part() as part:
+        assert isinstance(part, _Part)
+        assert part.events == ["start"]
+    assert part.events == ["start", "close (1 task)"]
+    assert tasks_outliving() == []
+    failing = _Part()
+    with pytest.raises(ValueError, match="inside"):
+        async with failing:
+            raise ValueError("inside")
+    assert failing.events == ["start", "close (1 task)"]
+
+
+def test_a_component_must_say_how_it_starts_and_closes() -> None:
+    class Half(Component):
+        async def start(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="close"):
+        Half()  # type: ignore[abstract]
+
+
+async def test_tasks_outliving_names_what_still_runs_but_the_current_task_and_exclude() -> None:
+    assert tasks_outliving() == []
+    left = asyncio.create_task(_forever(), name="left-behind")
+    known = asyncio.create_task(_forever(), name="known")
+    await _turns()
+    assert tasks_outliving() == ["known", "left-behind"]
+    assert tasks_outliving(exclude={known}) == ["left-behind"]
+    for task in (left, known):
+        await cancel_and_wait(task)
+    assert tasks_outliving() == []
 
 
 async def test_sleep_timeout_cancels_the_body_once_the_clock_passed_its_time() -> None:

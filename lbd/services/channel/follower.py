@@ -24,7 +24,7 @@ from lbd.core.state import ServiceUnitStateData
 from lbd.core.table import ApplyResult, ChannelPosition, Outcome, StateTable
 from lbd.ports.channel import ChannelLog, ChannelMessage
 from lbd.ports.errors import UnavailableError
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class FollowerStats:
         setattr(self, name, getattr(self, name) + 1)
 
 
-class ChannelFollower:
+class ChannelFollower(Component):
     """Keeps a :class:`StateTable` equal to the channel, and tells who waits what changed."""
 
     def __init__(
@@ -71,7 +71,7 @@ class ChannelFollower:
         self._table = table if table is not None else StateTable()
         self._name = name
         self._on_death = on_death
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks("the channel follower")
         self._ready = asyncio.Event()
         self._subscribers: set[asyncio.Queue[ApplyResult]] = set()
         self._marked_subscribers: set[asyncio.Queue[ApplyResult | ReadBarrier]] = set()
@@ -105,10 +105,10 @@ class ChannelFollower:
     async def start(self, table: StateTable | None = None) -> None:
         """Start following, from ``table`` when given (a restored checkpoint) instead of the
         table it was built with; returns at once (:meth:`wait_ready` waits for the catch-up)."""
-        if self._task is None:
+        if not self._tasks:
             if table is not None:
                 self._table = table
-            self._task = guard(self._run(), name=self._name, on_death=self._on_death)
+            self._tasks.spawn(self._run(), name=self._name, on_death=self._on_death)
 
     async def wait_ready(self) -> None:
         """Wait until the channel as it was at start is applied (bound it with the clock's
@@ -119,8 +119,7 @@ class ChannelFollower:
         """Stop following; waiters get :class:`UnavailableError` (a caller that was not
         cancelled itself, an admin split waiting for its bundle to settle, say, gets an error it
         can answer with, not a cancellation). Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._tasks.close()
         futures = [future for waiters in self._waiters.values() for _, future in waiters]
         futures += [future for _, _, future in self._position_waiters]
         for future in futures:
@@ -131,13 +130,6 @@ class ChannelFollower:
                 future.exception()  # retrieved here: a waiter without a task awaits nothing
         self._waiters.clear()
         self._position_waiters.clear()
-
-    async def __aenter__(self) -> ChannelFollower:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def changes(self) -> AsyncGenerator[ApplyResult, None]:
         """Every change accepted from the moment of this call on, in channel order.

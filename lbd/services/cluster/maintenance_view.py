@@ -26,7 +26,7 @@ from lbd.core.ids import BrokerId
 from lbd.core.maintenance import MaintenanceMode, MaintenanceRecord
 from lbd.ports.clock import Clock
 from lbd.ports.metadata import MetadataStore
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class MaintenanceChange:
     record: MaintenanceRecord | None
 
 
-class MaintenanceView:
+class MaintenanceView(Component):
     """Every broker's maintenance record, kept up to date from the store."""
 
     def __init__(self, metadata: MetadataStore, clock: Clock, me: BrokerId) -> None:
@@ -51,12 +51,12 @@ class MaintenanceView:
         self._written: dict[BrokerId, int] = {}
         """The store revision of this sidecar's last write of each broker's record."""
         self._subscribers: set[asyncio.Queue[MaintenanceChange]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"the maintenance view of {me}")
 
     async def start(self) -> None:
         """List the records and start following them (UnavailableError when the store cannot
         be reached)."""
-        if self._task is not None:
+        if self._tasks:
             return
         listed, revision = await self._metadata.list_maintenance()
         for broker, raw in listed.items():
@@ -68,19 +68,11 @@ class MaintenanceView:
                 "maintenance: %s",
                 ", ".join(f"{b} {r.describe()}" for b, r in sorted(self._records.items())),
             )
-        self._task = guard(self._follow(revision), name="maintenance-view")
+        self._tasks.spawn(self._follow(revision), name="maintenance-view")
 
     async def close(self) -> None:
         """Stop following. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-    async def __aenter__(self) -> MaintenanceView:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
 
     # -- reading ----------------------------------------------------------------------------
 

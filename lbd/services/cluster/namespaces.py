@@ -17,7 +17,6 @@ of a split parent whose Deleted value was tombstoned, needs a lag longer than
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies, NamespaceRecord
 from lbd.ports.errors import CasConflictError
 from lbd.ports.metadata import MetadataStore, NamespaceEvent
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ CAS_ATTEMPTS = 10
 """Read-modify-write attempts of one change before giving up (each loses only to a real change)."""
 
 
-class NamespaceService:
+class NamespaceService(Component):
     """Reads and changes namespace records; caches what it read or wrote."""
 
     def __init__(self, metadata: MetadataStore, default_bundles: int = 4) -> None:
@@ -48,23 +47,22 @@ class NamespaceService:
         self._metadata = metadata
         self._default_bundles = default_bundles
         self._cache: dict[NamespaceName, tuple[NamespaceRecord, int]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks("the namespace service")
 
     async def start(self) -> None:
         """List every record and start following the store's watch (UnavailableError when the
         store cannot be reached). Idempotent."""
-        if self._task is not None:
+        if self._tasks:
             return
         found, revision = await self._metadata.list_namespaces()
         self._cache.clear()
         for name, versioned in found.items():
             self._note(name, versioned.value, versioned.mod_revision)
-        self._task = guard(self._follow(revision), name="namespace-records")
+        self._tasks.spawn(self._follow(revision), name="namespace-records")
 
     async def close(self) -> None:
         """Stop following the watch (reads go to the store again). Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._tasks.close()
 
     async def _follow(self, revision: int) -> None:
         async for event in self._metadata.watch_namespaces(revision):
@@ -191,7 +189,7 @@ class NamespaceService:
     async def list(self, *, fresh: bool = False) -> list[NamespaceRecord]:
         """Every namespace record, sorted by name: from the watched cache once started (unless
         ``fresh``), else read from the store (and cached)."""
-        if self._task is None or fresh:
+        if not self._tasks or fresh:
             found, _ = await self._metadata.list_namespaces()
             records = (self._note(n, v.value, v.mod_revision) for n, v in found.items())
             return sorted((r for r in records if r is not None), key=lambda r: r.name)

@@ -20,12 +20,12 @@ from lbd.core.ids import BrokerId
 from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError
 from lbd.ports.metadata import MetadataStore, RegistryEvent, SessionEvent, SessionEventKind
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
 
-class BrokerRegistry:
+class BrokerRegistry(Component):
     """Live registrations (:class:`BrokerInfo` by broker id), vanish times and safe mode."""
 
     def __init__(self, metadata: MetadataStore, clock: Clock) -> None:
@@ -35,7 +35,7 @@ class BrokerRegistry:
         self._absent: dict[BrokerId, float] = {}
         self._reachable = True
         self._subscribers: set[asyncio.Queue[RegistryEvent]] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks("the broker registry")
         self._changed = asyncio.Event()
 
     async def start(self) -> None:
@@ -52,23 +52,12 @@ class BrokerRegistry:
             info = _decode(broker, raw)
             if info is not None:
                 self._brokers[broker] = info
-        self._tasks = [
-            guard(self._follow_registry(revision), name="broker-registry"),
-            guard(self._follow_session(session), name="broker-registry-session"),
-        ]
+        self._tasks.spawn(self._follow_registry(revision), name="broker-registry")
+        self._tasks.spawn(self._follow_session(session), name="broker-registry-session")
 
     async def close(self) -> None:
         """Stop following. Idempotent."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            await cancel_and_wait(task)
-
-    async def __aenter__(self) -> BrokerRegistry:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from lbd.ports.clock import Clock
 from lbd.ports.errors import SessionExpiredError, UnavailableError
 from lbd.ports.metadata import Leader, MetadataStore, SessionEvent, SessionEventKind
 from lbd.services.channel.follower import ChannelFollower
-from lbd.tasks import guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def channel_term(etcd_term: int, highest: int) -> int:
     return etcd_term if highest < etcd_term else highest + etcd_term
 
 
-class LeaderElector:
+class LeaderElector(Component):
     """Campaigns for ``me``; runs ``duties`` while leading; tells who leads."""
 
     def __init__(
@@ -117,7 +117,7 @@ class LeaderElector:
         self._leader: Leader | None = None
         self._reachable = True
         self._stop: asyncio.Future[StepDown] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(f"the leader election of {me}")
         self._closed = False
 
     @property
@@ -149,29 +149,20 @@ class LeaderElector:
         # Subscribed before campaigning, so no session event of our leadership is missed.
         events = self._metadata.session_events()
         # The watches end quietly with the store; only the campaign is vital.
-        self._tasks = [
-            guard(self._watch_session(events), name="leader-session"),
-            guard(self._watch_leader(), name="leader-watch"),
-            guard(self._campaign_loop(), name="leader-campaign", on_death=self._on_death),
-        ]
+        self._tasks.spawn(self._watch_session(events), name="leader-session")
+        self._tasks.spawn(self._watch_leader(), name="leader-watch")
+        self._tasks.spawn(self._campaign_loop(), name="leader-campaign", on_death=self._on_death)
 
     async def close(self) -> None:
         """Stop the duties and the campaign, withdraw the candidacy (best effort). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        tasks, self._tasks = self._tasks, []
-        await _cancel_all(tasks)
-        if tasks:
+        started = bool(self._tasks)
+        await self._tasks.close()
+        if started:
             with contextlib.suppress(UnavailableError):
                 await self._metadata.resign()
-
-    async def __aenter__(self) -> LeaderElector:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- campaigning -------------------------------------------------------------------------
 
@@ -221,15 +212,12 @@ class LeaderElector:
         self._term, self._channel_term = term, ours
         self._observe()
         _log.info("leader election: %s leads with term %d (channel term %d)", self._me, term, ours)
-        tasks = [guard(self._watch_terms(ours), name="leader-term-watch")]
-        tasks += [
-            guard(
-                duty.run_leading(ours),
-                name=f"leader-{duty.name}",
-                on_death=self._duty_died,
+        tasks = Tasks(f"the leadership of {self._me} in term {ours}")
+        tasks.spawn(self._watch_terms(ours), name="leader-term-watch")
+        for duty in self._duties:
+            tasks.spawn(
+                duty.run_leading(ours), name=f"leader-{duty.name}", on_death=self._duty_died
             )
-            for duty in self._duties
-        ]
         try:
             reason = await stop
             _log.warning(
@@ -242,7 +230,10 @@ class LeaderElector:
             return reason
         finally:
             self._stop = None
-            await _cancel_all(tasks)
+            # Without a bound: this leader campaigns again only once its duties have ended, so
+            # that no duty of this term runs beside those of the next (the elector's close bounds
+            # the wait, naming the campaign if a duty does not end).
+            await tasks.close(within_s=None)
             self._term = self._channel_term = None
             self._observe()
 
@@ -300,12 +291,3 @@ class LeaderElector:
         self._metrics.observe_leadership(
             leading=self.is_leader, term=None if known is None else known.term
         )
-
-
-async def _cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Cancel every task and wait for all of them to end, even when the caller is being cancelled
-    (awaiting them one by one would stop at the first re-raised cancellation)."""
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.wait(tasks)

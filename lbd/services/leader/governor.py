@@ -31,7 +31,7 @@ from lbd.core.table import ApplyResult
 from lbd.metrics import Metrics
 from lbd.ports.clock import Clock
 from lbd.services.channel.follower import ChannelFollower
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks, cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Slot:
         return True
 
 
-class ExecutionGovernor:
+class ExecutionGovernor(Component):
     """Admits moves under the budgets, holds their slots until their bundles settle."""
 
     def __init__(
@@ -120,8 +120,7 @@ class ExecutionGovernor:
             k: deque() for k in MoveKind
         }
         self._timers: dict[MoveKind, asyncio.Task[None] | None] = dict.fromkeys(MoveKind)
-        self._task: asyncio.Task[None] | None = None
-        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks = Tasks("the execution governor")
         self._freed: dict[MoveKind, asyncio.Event] = {k: asyncio.Event() for k in MoveKind}
         """Set (and replaced) whenever a slot of the kind is given back."""
         for kind in MoveKind:
@@ -135,16 +134,16 @@ class ExecutionGovernor:
 
     async def start(self) -> None:
         """Start following the channel (slots are given back as their bundles settle)."""
-        if self._task is not None:
+        if self._tasks:
             return
-        self._task = guard(self._follow(self._follower.changes()), name="execution-governor")
-        self._sweeper = guard(self._sweep_stale(), name="execution-governor-sweep")
+        self._tasks.spawn(self._follow(self._follower.changes()), name="execution-governor")
+        self._tasks.spawn(self._sweep_stale(), name="execution-governor-sweep")
 
     async def close(self) -> None:
         """Stop following; every waiter is cancelled. Idempotent."""
-        for task in (self._task, self._sweeper, *self._timers.values()):
-            await cancel_and_wait(task)
-        self._task = self._sweeper = None
+        await self._tasks.close()
+        for timer in list(self._timers.values()):
+            await cancel_and_wait(timer)
         for queue in self._queues.values():
             for _, waiter in queue:
                 waiter.cancel()

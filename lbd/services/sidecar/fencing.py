@@ -44,7 +44,7 @@ from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.registration import BrokerRegistration
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def _announced_away(value: ServiceUnitStateData) -> bool:
     return value.state is ServiceUnitState.Releasing and value.force
 
 
-class Fence:
+class Fence(Component):
     """Keeps the two grounds for vouching up to date and fences or unfences the broker link."""
 
     def __init__(
@@ -91,7 +91,7 @@ class Fence:
         self._check_interval_s = check_interval_s
         self._metrics = metrics
         self._fenced = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(f"the fence of {link.me}")
         self._subscribers: set[asyncio.Queue[bool]] = set()
         self._barrier_began: float | None = None
         """When the last completed channel read barrier began (clock-monotonic)."""
@@ -122,24 +122,13 @@ class Fence:
         if not self._tasks:
             self._barrier_began = self._readable_since = self._clock.monotonic()
             events = self._metadata.session_events()
-            self._tasks = [
-                guard(self._run(), name="fence"),
-                guard(self._run_barriers(), name="fence-read-barrier"),
-                guard(self._follow_session(events), name="fence-session"),
-            ]
+            self._tasks.spawn(self._run(), name="fence")
+            self._tasks.spawn(self._run_barriers(), name="fence-read-barrier")
+            self._tasks.spawn(self._follow_session(events), name="fence-session")
 
     async def close(self) -> None:
         """Stop checking. Idempotent."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            await cancel_and_wait(task)
-
-    async def __aenter__(self) -> Fence:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
 
     def states(self) -> AsyncGenerator[bool, None]:
         """Each change of :attr:`fenced` from the moment of this call on (True: fenced)."""

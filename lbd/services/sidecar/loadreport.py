@@ -13,7 +13,6 @@ leader's safety auditor compares (the table's position and digest, the dead-owne
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from lbd.ports.history import HistoryRecorder
 from lbd.services.cluster.loads import LoadView
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.hostload import HostLoadSampler
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class UsageSampler(Protocol):
         ...
 
 
-class LoadReporter:
+class LoadReporter(Component):
     """Publishes ``me``'s BrokerLoadData and TopBundlesLoadData periodically."""
 
     def __init__(
@@ -93,7 +92,7 @@ class LoadReporter:
         self._on_death = on_death
         self._audit = audit
         self._data: BrokerLoadData | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"the load reporter of {me}")
         self._published = False
 
     @property
@@ -103,24 +102,16 @@ class LoadReporter:
 
     async def start(self) -> None:
         """Report now and then every interval, in a guarded task; returns at once."""
-        if self._task is None:
-            self._task = guard(self._run(), name="load-reporter", on_death=self._on_death)
+        if not self._tasks:
+            self._tasks.spawn(self._run(), name="load-reporter", on_death=self._on_death)
 
     async def close(self) -> None:
         """Stop reporting and delete this broker's keys (best effort). Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._tasks.close()
         if self._published:
             self._published = False
             with contextlib.suppress(UnavailableError):
                 await self._loads.delete(self._me)
-
-    async def __aenter__(self) -> LoadReporter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def report_once(self) -> BrokerLoadData:
         """Measure, update the EMAs and publish both values; the new load data.

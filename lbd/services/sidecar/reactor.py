@@ -36,7 +36,7 @@ from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
 from lbd.services.sidecar.fencing import Fence
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks, cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def names(value: ServiceUnitStateData | None, broker: BrokerId) -> bool:
     return value is not None and broker in (value.dst_broker, value.source_broker)
 
 
-class OwnershipReactor:
+class OwnershipReactor(Component):
     """Reacts to channel values naming this broker and keeps the broker equal to the table."""
 
     def __init__(
@@ -83,7 +83,7 @@ class OwnershipReactor:
         self._fence = fence
         self._retry_s = retry_s
         self._reown_interval_s = reown_interval_s
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks(f"the ownership reactor of {me}")
         self._workers: dict[BundleId, asyncio.Task[None]] = {}
         self._dirty: set[BundleId] = set()
         self._idle = asyncio.Event()
@@ -105,26 +105,17 @@ class OwnershipReactor:
         link_events = self._link.events()
         fence_states = self._fence.states()
         await self.reconcile()
-        self._tasks = [
-            guard(self._follow_changes(changes), name=f"ownership-reactor-{self._me}"),
-            guard(self._follow_link(link_events), name=f"broker-link-{self._me}"),
-            guard(self._follow_fence(fence_states), name=f"fence-{self._me}"),
-            guard(self._reown_unserved(), name=f"reown-{self._me}"),
-        ]
+        self._tasks.spawn(self._follow_changes(changes), name=f"ownership-reactor-{self._me}")
+        self._tasks.spawn(self._follow_link(link_events), name=f"broker-link-{self._me}")
+        self._tasks.spawn(self._follow_fence(fence_states), name=f"fence-{self._me}")
+        self._tasks.spawn(self._reown_unserved(), name=f"reown-{self._me}")
 
     async def close(self) -> None:
         """Stop reacting (in-progress work is cancelled). Idempotent."""
-        tasks, self._tasks = self._tasks, []
         workers = list(self._workers.values())
-        for task in [*tasks, *workers]:
-            await cancel_and_wait(task)
-
-    async def __aenter__(self) -> OwnershipReactor:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
+        for worker in workers:
+            await cancel_and_wait(worker)
 
     @property
     def busy(self) -> bool:

@@ -45,12 +45,12 @@ from lbd.ports.errors import UnavailableError
 from lbd.services.cluster.maintenance_view import MaintenanceChange, MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks, cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
 
-class BrokerRegistration:
+class BrokerRegistration(Component):
     """Keeps this sidecar's broker registered while it is attached (or always, with auto-ack)."""
 
     def __init__(
@@ -77,40 +77,27 @@ class BrokerRegistration:
         self._silence_timeout_s = silence_timeout_s
         self._silent = False
         self._registered_since: float | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self._records: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"the registration of {link.me}")
         self._registration: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Follow the broker link; with auto-ack and no broker, register ``self_info`` now."""
-        if self._task is not None:
+        if self._tasks:
             return
         events = self._link.events()
         records = self._maintenance.changes()
-        self._task = guard(self._follow(events), name=f"registration-{self._link.me}")
-        self._watch = guard(self._watch_silence(), name=f"silence-{self._link.me}")
-        self._records = guard(self._follow_records(records), name=f"decommission-{self._link.me}")
+        me = self._link.me
+        self._tasks.spawn(self._follow(events), name=f"registration-{me}")
+        self._tasks.spawn(self._watch_silence(), name=f"silence-{me}")
+        self._tasks.spawn(self._follow_records(records), name=f"decommission-{me}")
         if self._link.auto_ack and not self._link.attached:
             self._register(self._self_info)
 
     async def close(self) -> None:
         """Stop following (the registration stays until the lease goes). Idempotent."""
-        task, self._task = self._task, None
-        watch, self._watch = self._watch, None
-        records, self._records = self._records, None
         registration, self._registration = self._registration, None
-        await cancel_and_wait(task)
-        await cancel_and_wait(watch)
-        await cancel_and_wait(records)
+        await self._tasks.close()
         await cancel_and_wait(registration)
-
-    async def __aenter__(self) -> BrokerRegistration:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     @property
     def registered_since(self) -> float | None:

@@ -11,15 +11,14 @@ the session (registry, election) only has to stop trusting it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from lbd.ports.errors import SessionExpiredError
 from lbd.ports.metadata import MetadataStore, SessionEvent
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 
-class SessionWatcher:
+class SessionWatcher(Component):
     """Follows the metadata session; calls ``on_expired`` when it ends for good."""
 
     def __init__(
@@ -27,25 +26,17 @@ class SessionWatcher:
     ) -> None:
         self._metadata = metadata
         self._on_expired = on_expired
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks("the session watcher")
 
     async def start(self) -> None:
         """Subscribe to the session's events now; returns at once."""
-        if self._task is None:
+        if not self._tasks:
             events = self._metadata.session_events()
-            self._task = guard(self._watch(events), name="session-watcher")
+            self._tasks.spawn(self._watch(events), name="session-watcher")
 
     async def close(self) -> None:
         """Stop watching. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-    async def __aenter__(self) -> SessionWatcher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
 
     async def _watch(self, events: AsyncIterator[SessionEvent]) -> None:
         try:

@@ -12,7 +12,6 @@ Pulsar counts them. A sidecar with no broker attached has no per-bundle stats an
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
@@ -31,12 +30,12 @@ from lbd.services.channel.follower import ChannelFollower
 from lbd.services.cluster.namespaces import NamespaceService
 from lbd.services.sidecar.assign_split import Operations
 from lbd.services.sidecar.broker_link import BrokerLink
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Component, Tasks
 
 _log = logging.getLogger(__name__)
 
 
-class SplitScheduler:
+class SplitScheduler(Component):
     """Finds ``me``'s hot bundles each cycle and splits them."""
 
     def __init__(
@@ -64,7 +63,7 @@ class SplitScheduler:
         self._metrics = metrics
         self._on_death = on_death
         self._state = SplitState()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"the split scheduler of {me}")
 
     @property
     def state(self) -> SplitState:
@@ -73,20 +72,12 @@ class SplitScheduler:
 
     async def start(self) -> None:
         """Run a cycle every interval in a guarded task; returns at once."""
-        if self._task is None:
-            self._task = guard(self._run(), name="split-scheduler", on_death=self._on_death)
+        if not self._tasks:
+            self._tasks.spawn(self._run(), name="split-scheduler", on_death=self._on_death)
 
     async def close(self) -> None:
         """Stop the cycles. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-    async def __aenter__(self) -> SplitScheduler:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self._tasks.close()
 
     async def run_once(self) -> SplitPlan:
         """One cycle: snapshot, decide, then split each decided bundle.
