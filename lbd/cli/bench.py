@@ -8,16 +8,43 @@ simulated minutes until the std of the brokers' actual load is under target, the
 moves, the traffic moved, the ping-pongs (a bundle back on a broker it left within the hour) and
 the most moves one broker took in one cycle. No server is needed; the figures are the same for a
 seed on every machine.
+
+With ``--generated N``, every strategy runs instead on N clusters drawn from seeds (3 to 200
+brokers of mixed sizes, log-normal or Zipf traffic, joins, leaves, restarts and moving hot spots:
+lbd/workload/generator.py), and the table is the distribution per strategy: the share of
+clusters brought under target, and within three cycles of each disturbance, the cycles, moves
+and final std at the 50th, 90th and 99th percentile. Then the clusters on which cluster_planner
+misses its goals (under target within three cycles, never more moves than transfer_shedder,
+never a ping-pong), each with its seed and, with ``--shrink``, the fewest disturbances that still
+show the miss.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
 from lbd.core.errors import InvalidInputError
+from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import STRATEGIES
+from lbd.workload.generator import (
+    DISTRIBUTION_COLUMNS,
+    PLANNER,
+    Judged,
+    distribution,
+    evaluate,
+    generate,
+    judge_all,
+    misses,
+    shrink,
+)
 from lbd.workload.scenarios import SCENARIOS
 from lbd.workload.suite import SUITE_TARGET_STD, markdown, run_suite, suite_config, table
 
@@ -47,8 +74,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=SUITE_TARGET_STD,
         help=f"the target std of every run (default {SUITE_TARGET_STD:g})",
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="the seed (the first one with --generated)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    p.add_argument(
+        "--generated",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run on N generated clusters (seeds SEED..SEED+N-1) instead of the scenarios",
+    )
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    p.add_argument(
+        "--shrink",
+        type=int,
+        default=0,
+        metavar="K",
+        help="shrink the first K clusters on which cluster_planner misses its goals",
+    )
     p.set_defaults(func=run)
 
 
@@ -58,8 +100,14 @@ def run(args: argparse.Namespace) -> int:
         config = suite_config(target_std=args.target_std)
     except InvalidInputError as e:
         raise InvalidInputError(f"--target-std: {e}") from None
-    scenarios = args.scenario or list(SCENARIOS)
     strategies = args.strategy or list(STRATEGIES)
+    if args.generated < 0 or args.jobs < 0 or args.shrink < 0:
+        raise InvalidInputError("--generated, --jobs and --shrink must be >= 0")
+    if args.generated:
+        return _generated(args, strategies, config)
+    if args.shrink or args.jobs:
+        raise InvalidInputError("--jobs and --shrink go with --generated")
+    scenarios = args.scenario or list(SCENARIOS)
     console = Console()
     with console.status(f"{len(scenarios)} scenario(s) x {len(strategies)} strategies..."):
         results = run_suite(scenarios, strategies, config, seed=args.seed)
@@ -67,4 +115,63 @@ def run(args: argparse.Namespace) -> int:
         print(markdown(results))
     else:
         console.print(table(results, config.target_std))
+    return 0
+
+
+_SPAWN = multiprocessing.get_context("spawn")
+"""Workers are spawned, not forked: the progress display runs a thread."""
+
+
+def _generated(args: argparse.Namespace, strategies: list[str], config: SheddingConfig) -> int:
+    """The strategies on ``--generated`` clusters: the distribution table, then the misses."""
+    if args.scenario:
+        raise InvalidInputError("--scenario does not go with --generated")
+    seeds = range(args.seed, args.seed + args.generated)
+    console = Console(stderr=True)
+    judged: list[Judged] = []
+    work = functools.partial(judge_all, strategies=strategies, config=config)
+    with (
+        ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, mp_context=_SPAWN) as pool,
+        Progress(console=console, transient=True) as progress,
+    ):
+        task = progress.add_task(f"{len(seeds)} generated clusters", total=len(seeds))
+        for one in pool.map(work, seeds, chunksize=4):
+            judged.extend(one)
+            progress.advance(task)
+    rows = distribution(judged, strategies)
+    title = (
+        f"{len(seeds)} generated clusters, seeds {seeds[0]}..{seeds[-1]} "
+        f"(target std {config.target_std:g}, or what the cluster can reach)"
+    )
+    if args.markdown:
+        print(f"{title}\n")
+        print("| " + " | ".join(DISTRIBUTION_COLUMNS) + " |")
+        print("|---|" + "---:|" * (len(DISTRIBUTION_COLUMNS) - 1))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        table = Table(title=title)
+        for i, column in enumerate(DISTRIBUTION_COLUMNS):
+            table.add_column(column, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+    by_seed: dict[int, list[Judged]] = {}
+    for j in judged:
+        by_seed.setdefault(j.seed, []).append(j)
+    missed = {seed: why for seed, runs in sorted(by_seed.items()) if (why := misses(runs))}
+    if PLANNER in strategies:
+        print(f"\n{PLANNER} misses its goals on {len(missed)} of {len(seeds)} clusters")
+        for n, (seed, why) in enumerate(missed.items()):
+            runs = by_seed[seed]
+            print(
+                f"  seed {seed}: {'; '.join(why)} ({runs[0].brokers} brokers, "
+                f"{runs[0].bundles} bundles; {', '.join(runs[0].kinds)})"
+            )
+            if n < args.shrink:
+                small = shrink(
+                    generate(seed, config.target_std),
+                    lambda g: bool(misses([evaluate(g, s, config) for s in strategies])),
+                )
+                print(f"    shrunk to: {', '.join(small.kinds)}")
     return 0

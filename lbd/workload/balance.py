@@ -96,6 +96,8 @@ class RunResult:
     """The most moves (in plus out) one broker took in one cycle."""
     std_series: tuple[float, ...]
     step_s: int
+    disturbed_at: tuple[int, ...] = ()
+    """The cycles of the disturbances (0 for a skewed start)."""
 
     @property
     def minutes_to_target(self) -> float | None:
@@ -209,6 +211,7 @@ class BalanceSim:
             max_moves_per_broker=self.max_moves_per_broker,
             std_series=tuple(series),
             step_s=self.scenario.step_s,
+            disturbed_at=tuple(disturbances),
         )
 
     def _move_log(self) -> list[tuple[int, str, str | None, str | None]]:

@@ -1,0 +1,126 @@
+"""Generated clusters for the balancing strategies (lbd/workload/generator.py)."""
+
+import math
+
+import pytest
+
+from lbd.cli.main import main
+from lbd.core.settings import MB
+from lbd.workload.generator import (
+    BUNDLES_PER_BROKER,
+    LARGEST_SHARE,
+    Generated,
+    best_spread,
+    distribution,
+    evaluate,
+    generate,
+    judge_all,
+    misses,
+    percentile,
+    shrink,
+)
+from lbd.workload.suite import suite_config
+
+CONFIG = suite_config()
+
+
+@pytest.mark.parametrize("seed", range(1, 31))
+def test_a_generated_cluster_keeps_to_its_bounds(seed: int) -> None:
+    g = generate(seed, CONFIG.target_std)
+    s = g.scenario
+    assert 3 <= len(s.brokers) <= 200
+    assert BUNDLES_PER_BROKER * len(s.brokers) <= len(s.traffic) <= 4000
+    largest = LARGEST_SHARE * 2 * min(s.brokers.values()) * MB
+    assert max(s.traffic.values()) <= largest * (1 + 1e-9)
+    assert set(s.placement) == set(s.traffic) and set(s.placement.values()) <= set(s.brokers)
+    starts = [0] if s.disturbed_at_start else []
+    assert len(g.targets) == len(g.kinds) == len(starts) + len(s.events)
+    assert all(t >= CONFIG.target_std for t in g.targets)
+    ats = [e.at for e in s.events]
+    assert ats == sorted(ats) and len(set(ats)) == len(ats)
+    assert s.cycles > ats[-1] if ats else s.cycles > 0
+
+
+def test_the_same_seed_draws_the_same_cluster_and_others_differ() -> None:
+    a, b = generate(7, 0.1), generate(7, 0.1)
+    assert a.scenario.traffic == b.scenario.traffic and a.kinds == b.kinds
+    assert generate(8, 0.1).scenario.traffic != a.scenario.traffic
+
+
+def test_the_drawn_clusters_cover_every_kind_of_disturbance_and_start() -> None:
+    kinds = " ".join(k for seed in range(1, 60) for k in generate(seed, 0.1).kinds)
+    for word in ("join", "leave", "restart", "back", " x", "(moved)", "skewed start", "random"):
+        assert word in kinds, word
+    sizes = {len(generate(seed, 0.1).scenario.brokers) for seed in range(1, 60)}
+    assert min(sizes) < 10 and max(sizes) > 100
+
+
+def test_the_target_is_what_the_cluster_can_reach_when_the_configured_one_is_out_of_reach() -> None:
+    capacity = {"a": 100.0, "b": 100.0}
+    traffic = {"t/n/0x00000000_0x80000000": 150.0 * MB, "t/n/0x80000000_0xffffffff": 10.0 * MB}
+    spread = best_spread(traffic, capacity)  # type: ignore[arg-type]
+    assert spread == pytest.approx((0.75 - 0.05) / 2)
+
+
+def test_a_strategy_is_judged_against_each_disturbance_s_target() -> None:
+    g = generate(3, CONFIG.target_std)
+    judged = evaluate(g, "cluster_planner", CONFIG)
+    series, starts = judged.run.std_series, judged.run.disturbed_at
+    assert judged.cycles_to_target is not None
+    for start, target in zip(starts, g.targets, strict=True):
+        assert any(std <= target for std in series[start : start + judged.cycles_to_target])
+
+
+def test_misses_name_what_the_planner_failed_at() -> None:
+    runs = judge_all(20, ["cluster_planner", "transfer_shedder"], CONFIG)
+    planner, baseline = runs
+    why = misses(runs)
+    if planner.cycles_to_target is None:
+        assert "never under target" in why
+    assert (planner.moves > baseline.moves) == any("moves against" in w for w in why)
+    assert misses([r for r in runs if r.strategy == "transfer_shedder"]) == []
+
+
+def test_shrinking_keeps_the_failure_and_drops_what_does_not_cause_it() -> None:
+    g = generate(5, CONFIG.target_std)
+
+    def fails(candidate: Generated) -> bool:
+        return any("skewed" in k for k in candidate.kinds)  # only the start "causes" it
+
+    small = shrink(g, fails)
+    assert small.kinds == ("skewed start",) and small.scenario.events == ()
+    assert len(small.targets) == 1
+
+
+def test_the_distribution_has_one_row_per_strategy_with_percentiles() -> None:
+    judged = [j for seed in (1, 2, 3) for j in judge_all(seed, ["cluster_planner"], CONFIG)]
+    [row] = distribution(judged, ["cluster_planner", "avg_shedder"])
+    assert row[0] == "cluster_planner" and row[1] == "3"
+    assert len(row[4].split("/")) == 3
+    assert percentile([1, 2, 3, 4], 0.5) == 2 and math.isinf(percentile([1, math.inf], 0.99))
+
+
+def test_bench_balance_generated_prints_the_distribution_and_the_misses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "balance", "--generated", "3", "--jobs", "1", "--markdown"]
+    assert main([*argv, "--strategy", "cluster_planner", "--strategy", "transfer_shedder"]) == 0
+    out = capsys.readouterr().out
+    assert "3 generated clusters, seeds 1..3" in out
+    assert out.count("| cluster_planner |") == 1 and out.count("| transfer_shedder |") == 1
+    assert "cluster_planner misses its goals on" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--generated", "-1"], "must be >= 0"),
+        (["--shrink", "2"], "go with --generated"),
+        (["--generated", "2", "--scenario", "churn"], "does not go with --generated"),
+    ],
+)
+def test_bench_balance_refuses_bad_generated_arguments(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "balance", *argv]) == 2
+    assert message in capsys.readouterr().err
