@@ -60,8 +60,15 @@ def _first(owners: dict[str, str]) -> tuple[str, str]:
     return sorted(owners.items())[0]
 
 
+BROKERS = ("broker-1", "broker-2", "broker-3")
+"""The module's cluster (``lbd dev up`` names its brokers ``broker-N``)."""
+
+
 def _other(owners: dict[str, str], than: str) -> str:
-    return next(o for o in sorted(set(owners.values())) if o != than)
+    """A broker other than ``than``: one that owns a bundle if any does (the earlier forged
+    values may have left every bundle on one broker), else any other broker of the cluster."""
+    others = sorted(set(owners.values()) - {than}) or [b for b in BROKERS if b != than]
+    return others[0]
 
 
 FORGED: dict[str, Forge] = {
@@ -109,7 +116,9 @@ FORGED: dict[str, Forge] = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = start_cluster(tmp_path_factory.mktemp("forged"), 3, "shedding.interval_s=3600")
+    running = start_cluster(
+        tmp_path_factory.mktemp("forged"), len(BROKERS), "shedding.interval_s=3600"
+    )
     try:
         own_topics(running, NAMESPACE, BUNDLES)
         yield running
