@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from lbd.core.errors import LbdError
 from lbd.ctl.client import RpcFailure, SidecarClient
@@ -79,6 +79,12 @@ class EventFigures:
     (:meth:`ClientHarness.partition`)."""
     moved: int | None = None
     """Partitions: bundles Owned before whose owner changed by the window's end."""
+    unreceipted: int = 0
+    """Sends the broker fronts wrote to storage and stopped without a receipt for, in the
+    window (their ``unreceipted`` events), accepted before a partition's cut: the clients sent
+    them again elsewhere, and storage may have stored them before the cut took their receipts,
+    so at most this many messages may be stored twice. (Sends accepted after the cut never
+    reach storage: the front resets the connection that holds them.)"""
 
     @property
     def lookups_per_topic(self) -> float:
@@ -113,6 +119,8 @@ class _Window:
     topics: tuple[str, ...] = ()
     note: str = ""
     fault_ns: int | None = None
+    cut_ns: int | None = None
+    """Partitions: when the links were cut (not for a flaky link, which passes now and then)."""
     victim: str | None = None
     bundles: tuple[str, ...] = ()
     recovery_s: float | None = None
@@ -235,6 +243,9 @@ class ClientHarness:
                     resume_s=self._resume_s(w, events) if w.fault_ns is not None else None,
                     recovery_s=w.recovery_s,
                     moved=w.moved,
+                    unreceipted=_unreceipted(
+                        events, w.start_ns, w.end_ns, w.end_ns if w.cut_ns is None else w.cut_ns
+                    ),
                 )
             )
         intervals = serving_intervals(events, self.killed_at_ns)
@@ -451,6 +462,8 @@ class ClientHarness:
         def act(w: _Window) -> None:
             w.victim = broker
             set_links(self.cluster.links_control, cut, mode, period_s=period_s)
+            if mode == "cut":  # what was accepted before may have been stored, nothing after
+                w.cut_ns = time.monotonic_ns()
             try:
                 time.sleep(seconds)
             finally:
@@ -694,3 +707,17 @@ def _wait(what: str, probe: Callable[[], _T | None], timeout_s: float = 30.0) ->
         if time.monotonic() >= deadline:
             raise LbdError(f"{what}: not within {timeout_s:g} s (last error: {last})")
         time.sleep(0.05)
+
+
+def _unreceipted(
+    events: list[dict[str, object]], start_ns: int, end_ns: int, before_ns: int
+) -> int:
+    """The sends the fronts stopped without a receipt for between ``start_ns`` and ``end_ns``
+    that they had accepted before ``before_ns``."""
+    return sum(
+        1
+        for e in events
+        if e["event"] == "unreceipted" and start_ns <= int(str(e["t_ns"])) <= end_ns
+        for accepted in cast(list[int], e.get("accepted_ns", []))
+        if accepted < before_ns
+    )

@@ -83,6 +83,11 @@ class Services(Protocol):
     def repeat_dropped(self) -> None:
         """A consumer dropped a repeat storage sent."""
 
+    def unreceipted(self, handle: Handle, accepted_ns: list[int]) -> None:
+        """``handle`` stops with sends written to storage and never receipted (accepted from
+        the client at ``accepted_ns``): its client sends them again elsewhere, and storage may
+        have stored some of them already (the receipt was what did not come back)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Redirect:
@@ -263,6 +268,8 @@ class ClientProducer(Handle):
                 self.storage.pending,
                 drain_s,
             )
+            tokens = self.storage.pending_tokens()
+            self.services.unreceipted(self, [t.accepted_ns for t in tokens if isinstance(t, _Send)])
         self.close_storage()
 
     def close_storage(self) -> None:

@@ -250,6 +250,18 @@ class Front(RecordingHandler):
         _log.info("%s: %s; its client is sent to look it up again", handle, why)
         self._close_later([handle], None)
 
+    def unreceipted(self, handle: Handle, accepted_ns: list[int]) -> None:
+        """Logged as ``unreceipted``: the sends a stopping producer leaves to its client to send
+        again, with when each was accepted. Storage may have stored those written before a
+        partition cut their receipts off (at-least-once: what may be stored twice)."""
+        self.record(
+            "unreceipted",
+            handle.bundle,
+            topic=handle.topic.name,
+            count=len(accepted_ns),
+            accepted_ns=accepted_ns,
+        )
+
     def unserved(self, handle: Handle) -> None:
         """A frame of ``handle`` came while its topic is not served here. When that is because
         the bundle's Release or Close has arrived and waits its turn, the handle is only fenced:

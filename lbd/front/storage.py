@@ -499,6 +499,10 @@ class StorageProducer:
         """Sends written and not receipted yet."""
         return len(self._pending)
 
+    def pending_tokens(self) -> list[object]:
+        """The tokens of the sends written and not receipted yet, oldest first."""
+        return [token for _, token in self._pending]
+
     @property
     def buffered(self) -> int:
         """Bytes written but not yet taken by the kernel."""
