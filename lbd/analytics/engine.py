@@ -138,10 +138,12 @@ def simulate(
         if alive and index % shed_every == 0:
             result = model.shed(strategy, config)
             stats = (result.avg, result.std)
+            reasons = {d.bundle: str(d.reason) for d in result.decisions}
             for move in model.apply(result.decisions):
                 kind = DecisionKind.UNLOAD if move.dst is None else DecisionKind.TRANSFER
-                reason = next(str(d.reason) for d in result.decisions if d.bundle == move.bundle)
-                decisions.append(_decision(now, kind, move, reason, strategy, stats, alive))
+                decisions.append(
+                    _decision(now, kind, move, reasons[move.bundle], strategy, stats, alive)
+                )
             for move in model.place_orphans():
                 decisions.append(
                     _decision(now, DecisionKind.ASSIGN, move, "Lookup", None, stats, alive)

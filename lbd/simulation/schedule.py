@@ -104,14 +104,7 @@ class WorldSpec:
 
 
 FAULTS = (
-    "pause-sidecar",
-    "isolate-sidecar",
-    "crash-sidecar",
-    "pause-broker",
-    "etcd-down",
-    "etcd-cut-one",
-    "channel-down",
-    "channel-cut-one",
+    *HELD,
     "redeliver",
     "join",
     "leave",

@@ -28,7 +28,7 @@ from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.settings import MB, SheddingConfig
-from lbd.core.shedding import STRATEGIES
+from lbd.core.shedding import STRATEGIES, mean_and_std
 from lbd.workload.model import LoadModel, Move, moves_per_broker
 
 NOISE = 0.03
@@ -150,7 +150,7 @@ class BalanceSim:
         model.report()
         moved = model.apply(model.shed(self.strategy_name, self.config).decisions)
         self._count_moves(placed + moved)
-        return model.stds()[0]
+        return mean_and_std(model.carried().values())[1]
 
     def actual_loads(self) -> dict[BrokerId, float]:
         """Each broker's load now: the traffic it carries over its capacity."""

@@ -190,30 +190,37 @@ class LoadModel:
 
     def throughputs(self) -> dict[BrokerId, float]:
         """Bytes/s in plus out each broker carries."""
+        return self._throughputs(self.owned())
+
+    def carried(self) -> dict[BrokerId, float]:
+        """Each broker's load now (share of its capacity): what clients feel."""
+        return self._carried(self.owned())
+
+    def report(self) -> None:
+        """Every broker reports: its carried load folded into its EMA at the model's time."""
+        owned = self.owned()
+        carried, throughputs = self._carried(owned), self._throughputs(owned)
+        for broker, load in carried.items():
+            usage = usage_of(load, throughputs[broker], len(owned[broker]))
+            previous = self.loads.get(broker, BrokerLoadData(broker=broker))
+            self.loads[broker] = previous.update(usage, self._weights, self.now_ms)
+
+    def _throughputs(self, owned: Mapping[BrokerId, list[BundleId]]) -> dict[BrokerId, float]:
         return {
             broker: max(
                 0.0,
                 self.background_throughput.get(broker, 0.0) + sum(self.traffic[b] for b in bundles),
             )
-            for broker, bundles in self.owned().items()
+            for broker, bundles in owned.items()
         }
 
-    def carried(self) -> dict[BrokerId, float]:
-        """Each broker's load now (share of its capacity): what clients feel."""
+    def _carried(self, owned: Mapping[BrokerId, list[BundleId]]) -> dict[BrokerId, float]:
         out: dict[BrokerId, float] = {}
-        for broker, bundles in self.owned().items():
+        for broker, bundles in owned.items():
             each_way = sum(self.traffic[b] for b in bundles) / 2
             load = self.background.get(broker, 0.0) + each_way / (self.capacity[broker] * MB)
             out[broker] = max(0.0, load)
         return out
-
-    def report(self) -> None:
-        """Every broker reports: its carried load folded into its EMA at the model's time."""
-        carried, throughputs, owned = self.carried(), self.throughputs(), self.owned()
-        for broker, load in carried.items():
-            usage = usage_of(load, throughputs[broker], len(owned[broker]))
-            previous = self.loads.get(broker, BrokerLoadData(broker=broker))
-            self.loads[broker] = previous.update(usage, self._weights, self.now_ms)
 
     def seen(self) -> dict[BrokerId, float]:
         """Each broker's load EMA, what the shedder sees (0 for a broker that never reported)."""
