@@ -93,6 +93,7 @@ def _as_json(report: CycleReport) -> dict[str, object]:
         "std": report.std,
         "carried_std": report.carried_std,
         "skip_reason": report.skip_reason,
+        "notes": list(report.notes),
         "events": list(report.events),
         "decisions": [
             {"bundle": d.bundle, "src": d.src, "dst": d.dst, "reason": str(d.reason)}

@@ -3,7 +3,7 @@
 Each cycle prints one JSON line (DESIGN §7)::
 
     {"cycle": n, "decisions": [{"bundle", "src", "dst", "reason"}], "skip_reason": str|null,
-     "avg": float, "std": float}
+     "avg": float, "std": float, "notes": [str]}
 
 With ``"cycles": n`` the strategy runs n times over the same snapshot, carrying its state (the
 hit count) as the leader would. The leader's record of its own unloads is carried too: bundles
@@ -110,6 +110,7 @@ def _to_json(cycle: int, result: SheddingResult) -> dict[str, object]:
         "skip_reason": None if result.skip_reason is None else str(result.skip_reason),
         "avg": result.avg,
         "std": result.std,
+        "notes": list(result.notes),
     }
 
 

@@ -612,7 +612,9 @@ class SheddingSettings(Section):
     cost of more bundle moves."""
     hit_count_threshold: int = Field(default=_SHEDDING.hit_count_threshold, ge=0)
     """Consecutive cycles the shedding condition must hold before bundles move, so that a short
-    spike moves nothing."""
+    spike moves nothing. cluster_planner waits for it only on a change of traffic: it acts at
+    once on what a spike cannot cause (an imbalance the load EMAs show, or one made by bundles
+    changing owner)."""
     max_brokers_per_cycle: int = Field(default=_SHEDDING.max_brokers_per_cycle, ge=1)
     """Broker pairs (or overloaded brokers) handled per cycle; bounds the disruption of a cycle."""
     cooldown_s: int = Field(default=_SHEDDING.cooldown_s, ge=0)

@@ -71,6 +71,10 @@ class BalanceScenario:
     """A namespace's traffic factor at a time (seconds since the start), e.g. a daily swing."""
     disturbed_at_start: bool = False
     """Whether the time to target is measured from the start (a skewed initial placement)."""
+    ema_only: frozenset[BrokerId] = frozenset()
+    """Brokers (up at the start or joining later) whose reports carry only the EMAs."""
+    report_every: Mapping[BrokerId, int] = field(default_factory=dict)
+    """Brokers that report only every this many cycles (the others report every cycle)."""
     step_s: int = 60
 
 
@@ -123,6 +127,10 @@ class BalanceSim:
         self.strategy_name = strategy
         self.config = config
         self.model = LoadModel(scenario.brokers, scenario.traffic, scenario.placement, seed=seed)
+        self.model.ema_only.update(scenario.ema_only)
+        self.model.report_every_s.update(
+            (b, n * scenario.step_s) for b, n in scenario.report_every.items()
+        )
         self._noise = random.Random(seed * 7919 + 1)
         self._factor: dict[NamespaceName, float] = {}
         self._namespace = {b: parse_bundle_id(b).namespace for b in scenario.traffic}

@@ -85,6 +85,8 @@ class CycleReport:
     skip_reason: str | None
     events: tuple[str, ...]
     moves_total: int
+    notes: tuple[str, ...] = ()
+    """What the strategy could not read from the reports and how it decided instead."""
 
 
 class CoreCluster:
@@ -151,6 +153,7 @@ class CoreCluster:
             skip_reason=None if result.skip_reason is None else str(result.skip_reason),
             events=events,
             moves_total=self._moves,
+            notes=result.notes,
         )
 
     def _events(self) -> tuple[str, ...]:

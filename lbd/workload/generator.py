@@ -10,6 +10,10 @@ its history from one seed, on the same load model:
   traffic log-normal (spread drawn per cluster) or Zipf, no bundle above a quarter of the
   smallest broker (a larger one is a split's work, not a move's); the cluster at 15% to 60% of
   its capacity;
+- all brokers reporting a raw sample beside their EMAs, some (a third) or none reporting only
+  the EMAs (a broker of another version, or a scenario file); all reporting every cycle, or some
+  (a third) only every second or third cycle, so that the leader plans on reports older than its
+  last moves;
 - a start that is balanced, skewed (a few brokers hold the heaviest bundles) or random;
 - one to three disturbances, at least 15 cycles apart: brokers joining, leaving, restarting (gone
   for a few cycles, back empty), a namespace turning hot (2x to 8x), a hot spot moving to another
@@ -52,6 +56,10 @@ BUNDLES_PER_BROKER = 8
 """Bundles per broker at the least."""
 LARGEST_SHARE = 0.25
 """The largest bundle's traffic as a share of the smallest broker's capacity."""
+EMA_ONLY_SHARES = (0.0, 0.0, 1 / 3, 1.0)
+"""The share of a cluster's brokers that report only the EMAs, one drawn per cluster."""
+LATE_SHARES = (0.0, 0.0, 1 / 3)
+"""The share of a cluster's brokers that report only every second or third cycle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +212,17 @@ def generate(seed: int, target_std: float) -> Generated:
             kinds.append(f"{hot} x{factor:g}" + (" (moved)" if kind == "hot-moves" else ""))
         targets.append(_target(traffic, factors, up, target_std))
         at += rng.randint(MIN_GAP, 2 * MIN_GAP)
+    everyone = sorted(set(capacity) | {b for e in events for b in e.join})
+    ema_share = rng.choice(EMA_ONLY_SHARES)
+    ema_only = frozenset(b for b in everyone if rng.random() < ema_share)
+    late_share = rng.choice(LATE_SHARES)
+    report_every = {b: rng.choice((2, 3)) for b in everyone if rng.random() < late_share}
+    reports = "" if not ema_only else f", {len(ema_only)} reporting only the EMAs"
+    if report_every:
+        reports += f", {len(report_every)} reporting every 2 or 3 cycles"
     scenario = BalanceScenario(
         name=f"generated {seed}",
-        description=f"{count} brokers ({'mixed sizes' if mixed else 'one size'}), "
+        description=f"{count} brokers ({'mixed sizes' if mixed else 'one size'}{reports}), "
         f"{len(bundles)} bundles in {namespaces} namespaces at {utilisation:.0%}; "
         + ", ".join(kinds),
         brokers=capacity,
@@ -215,6 +231,8 @@ def generate(seed: int, target_std: float) -> Generated:
         cycles=at - MIN_GAP + SETTLE,
         events=tuple(events),
         disturbed_at_start=start != "balanced",
+        ema_only=ema_only,
+        report_every=report_every,
     )
     return Generated(seed, scenario, tuple(targets), tuple(kinds))
 

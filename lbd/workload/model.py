@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from lbd.core.assign import BrokerCandidate, select_broker
@@ -121,6 +121,12 @@ class LoadModel:
         """Load share a broker carries beside its bundles (none unless set)."""
         self.background_throughput: dict[BrokerId, float] = {}
         """Bytes/s a broker carries beside its bundles (none unless set)."""
+        self.ema_only: set[BrokerId] = set()
+        """Brokers whose reports carry only the EMAs, no raw sample (as scenario files give
+        them, and brokers of a version that does not send one)."""
+        self.report_every_s: dict[BrokerId, float] = {}
+        """Brokers that report less often than every :meth:`report` call: at most once in this
+        many seconds (a broker whose reports lag the leader's cycle)."""
         self.loads: dict[BrokerId, BrokerLoadData] = {}
         self.now_ms = now_ms
         self.rng = random.Random(seed)
@@ -197,13 +203,21 @@ class LoadModel:
         return self._carried(self.owned())
 
     def report(self) -> None:
-        """Every broker reports: its carried load folded into its EMA at the model's time."""
+        """Every broker reports, its carried load folded into its EMA at the model's time; but a
+        broker of :attr:`report_every_s` only when that long has passed since its last report."""
         owned = self.owned()
         carried, throughputs = self._carried(owned), self._throughputs(owned)
         for broker, load in carried.items():
+            every_ms = self.report_every_s.get(broker, 0.0) * 1000
+            last = self.loads.get(broker)
+            if last is not None and self.now_ms - last.updated_at_ms < every_ms:
+                continue
             usage = usage_of(load, throughputs[broker], len(owned[broker]))
             previous = self.loads.get(broker, BrokerLoadData(broker=broker))
-            self.loads[broker] = previous.update(usage, self._weights, self.now_ms)
+            data = previous.update(usage, self._weights, self.now_ms)
+            if broker in self.ema_only:
+                data = replace(data, usage=BrokerUsage())
+            self.loads[broker] = data
 
     def _throughputs(self, owned: Mapping[BrokerId, list[BundleId]]) -> dict[BrokerId, float]:
         return {

@@ -62,6 +62,17 @@ def test_demo_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["cycle"] for r in lines] == [1, 2, 3, 4, 5, 6]
     assert set(lines[-1]["brokers"]) == {f"broker-{i}" for i in range(1, 6)}
+    assert all(isinstance(r["notes"], list) for r in lines)
+
+
+def test_the_demo_says_why_the_planner_acts_at_once_after_the_scale_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["demo", "--brokers", "10", "--initial-brokers", "5", "--output", "json"]
+    assert main([*argv, "--cycles", "3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    acted = [r for r in lines if r["decisions"]]
+    assert acted and all(any("lasting" in n for n in r["notes"]) for r in acted)
 
 
 @pytest.mark.parametrize(

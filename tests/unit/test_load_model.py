@@ -3,6 +3,7 @@
 import pytest
 
 from lbd.core.ids import BrokerId, BundleId
+from lbd.core.load import BrokerUsage
 from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import DecisionReason, UnloadDecision
 from lbd.workload.model import LoadModel, usage_of
@@ -69,6 +70,22 @@ def test_reports_fold_the_carried_load_into_the_ema_the_shedder_sees() -> None:
     snapshot = m.snapshot(SheddingConfig())
     assert snapshot.brokers[A] is m.loads[A] and snapshot.owners[X] == C
     assert [b.bundle for b in snapshot.top_bundles[C]] == [X]
+
+
+def test_an_ema_only_broker_reports_no_raw_sample_and_a_late_one_skips_reports() -> None:
+    m = model()
+    m.ema_only.add(A)
+    m.report_every_s[B] = 120
+    m.report()
+    assert m.loads[A].usage == BrokerUsage() and m.loads[A].msg_throughput_ema == 60 * MB
+    assert m.loads[C].usage != BrokerUsage()
+    first = m.loads[B].updated_at_ms
+    m.advance(60)
+    m.report()
+    assert m.loads[B].updated_at_ms == first and m.loads[C].updated_at_ms == first + 60_000
+    m.advance(60)
+    m.report()
+    assert m.loads[B].updated_at_ms == first + 120_000
 
 
 def test_background_load_is_carried_beside_the_bundles() -> None:

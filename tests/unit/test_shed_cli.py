@@ -15,7 +15,7 @@ from lbd.core.settings import SheddingConfig
 from lbd.core.shedding import parse_scenario, scenario_to_json
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
-OUTPUT_KEYS = {"cycle", "decisions", "skip_reason", "avg", "std"}
+OUTPUT_KEYS = {"cycle", "decisions", "skip_reason", "avg", "std", "notes"}
 NOW = 1_700_000_060_000
 
 
@@ -106,11 +106,24 @@ def test_threshold_strategy_unloads_without_destination(
 def test_skewed_hitcount_example_decides_on_the_third_cycle(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, lines, _ = run(capsys, "--scenario", example("skewed-hitcount.json"))
+    args = ("--scenario", example("skewed-hitcount.json"), "--strategy", "transfer_shedder")
+    code, lines, _ = run(capsys, *args)
     assert code == 0
     assert [line["cycle"] for line in lines] == [1, 2, 3]
     assert [line["skip_reason"] for line in lines] == ["HitCount", "HitCount", None]
     assert [bool(line["decisions"]) for line in lines] == [False, False, True]
+
+
+def test_the_planner_acts_at_once_on_a_skew_the_emas_show(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, lines, _ = run(capsys, "--scenario", example("skewed-hitcount.json"))
+    assert code == 0
+    assert lines[0]["skip_reason"] is None and lines[0]["decisions"]
+    notes = lines[0]["notes"]
+    assert isinstance(notes, list)
+    assert any("report only their EMAs" in n for n in notes)
+    assert any(n.startswith("lasting: the EMAs") for n in notes)
 
 
 def test_the_100_broker_example_pairs_at_most_max_brokers_per_cycle(

@@ -166,6 +166,15 @@ class ShedderState:
     show yet, and where each bundle must not go back to."""
     broker_hits: Mapping[BrokerId, HitCounts] = field(default_factory=dict)
     """Per broker, its avg_shedder hit counts; a broker not listed has none (avg_shedder)."""
+    owned: Mapping[BrokerId, int] = field(default_factory=dict)
+    """How many bundles each broker held in the previous cycle (cluster_planner: a change of
+    owner is not a spike)."""
+    reports: Mapping[BrokerId, tuple[int, ...]] = field(default_factory=dict)
+    """Each broker's latest report times, oldest first (cluster_planner: how many reports an EMA
+    has taken in since a move)."""
+    balancing: bool = False
+    """A balancing episode (the spread over target) is under way: it goes on until the spread is
+    under the planning goal (cluster_planner)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +189,9 @@ class SheddingResult:
     skip_reason: SkipReason | None
     avg: float
     std: float
+    notes: tuple[str, ...] = ()
+    """What the strategy could not read from the reports and how it decided instead (why it
+    waits, why it acts at once), as sentences for the log."""
 
     def __post_init__(self) -> None:
         if bool(self.decisions) == (self.skip_reason is not None):

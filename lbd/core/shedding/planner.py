@@ -26,15 +26,22 @@ The plan:
 
 - **When.** The cluster needs balancing when the estimated std is over ``target_std``, or a broker
   is overloaded (at or over ``overloaded_threshold`` and over avg + target), or underloaded (under
-  ``min(0.5, target_std / 2)`` of the average: nearly empty, e.g. new). The first two must hold
-  more than ``hit_count_threshold`` cycles in a row, as in Pulsar, so a spike moves nothing; an
-  underloaded broker is filled at once, since no spike empties a broker.
+  ``min(0.5, target_std / 2)`` of the average: nearly empty, e.g. new). A spike must move nothing,
+  so the first two must have *lasted*: held more than ``hit_count_threshold`` cycles in a row, as
+  in Pulsar, or shown in what a spike cannot move (:func:`witnessed`: the brokers' EMAs, and the
+  estimate of any broker whose bundles changed owner since the previous cycle). So an imbalance
+  the EMAs already show (the leader's first look at a skewed cluster) or one made by placement
+  (a broker left and lookups placed its bundles) is acted on at once, and a change of traffic
+  waits out the hit count. An underloaded broker is filled at once, since no spike empties a
+  broker.
 - **What.** Greedy: among the bundles of the most loaded brokers and the least loaded destinations
   the placement rules allow (:attr:`LoadSnapshot.allowed_destinations`), the move that lowers the
-  projected variance most; repeated until the projected std is under the planning goal (half
-  the target, at most 0.05: :func:`planning_goal`) and no broker is over- or underloaded. An
-  episode under way goes on, cycle after cycle, until the goal is met (hysteresis). A move that
-  would not lower the variance is never made, so the projected std only falls.
+  projected variance most. A spread over target starts a *balancing episode*: moves are repeated
+  until the projected std is under the planning goal (half the target: :func:`planning_goal`),
+  and the episode goes on, cycle after cycle, until the goal is met (hysteresis). An overloaded
+  or underloaded broker alone (the spread under target) is relieved or filled, and the rest of
+  the cluster left as it is: every move is one the clients feel. A move that would not lower the
+  variance is never made, so the projected std only falls.
 - **Limits.** At most ``max_brokers_per_cycle`` source brokers and ``max_moves_per_broker`` moves
   in or out of any one broker per cycle; never a broker's last bundle; never a bundle in its grace
   period, nor one another broker owns; never a bundle back to a broker it left less than
@@ -52,10 +59,10 @@ import random
 import statistics
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lbd.core.ids import BrokerId, BundleId
-from lbd.core.load import BrokerLoadData, BundleLoad
+from lbd.core.load import HISTORY_PERCENTAGE, BrokerLoadData, BrokerUsage, BundleLoad
 from lbd.core.settings import SheddingConfig
 from lbd.core.shedding.model import (
     DecisionReason,
@@ -71,11 +78,9 @@ from lbd.core.shedding.model import (
 )
 
 PLAN_MARGIN = 0.5
-"""A cycle plans down to this share of ``target_std`` (at most :data:`PLAN_FLOOR`), so that drift
-within the target does not bring the cluster straight back over it."""
-PLAN_FLOOR = 0.05
-"""The planning goal never exceeds this std: a loose target (the default 0.25 lets a broker sit at
-twice another's load) says when to act, not how unbalanced to leave the cluster once acting."""
+"""A balancing episode plans down to this share of ``target_std``, so that drift within the target
+does not bring the cluster straight back over it. Not lower: every move past the target is a
+move the clients feel, and a tighter spread is what a lower ``target_std`` asks for."""
 PING_PONG_WINDOW_MS = 3_600_000
 """A bundle never goes back to a broker it left less than this ago (one hour)."""
 SOURCES_TRIED = 4
@@ -135,14 +140,26 @@ def estimate(
             per_byte[broker] = statistics.median(by_capacity) / _capacity(data)
         else:
             per_byte[broker] = median
-    unreported = _unreported_moves(snapshot, loads, state)
+    unabsorbed = _unabsorbed_moves(snapshot, loads, state)
     estimated: dict[BrokerId, float] = {}
     for broker, data in loads.items():
-        raw = current_throughput(data)
-        now = max(0.0, raw + unreported.get(broker, 0.0))
+        now = max(0.0, current_throughput(data) + unabsorbed.get(broker, 0.0))
+        if ema_only(data):
+            # No raw sample: its top bundles, as they were in its latest report, are a floor.
+            reported = math.fsum(
+                b.msg_throughput
+                for b in snapshot.top_bundles.get(broker, ())
+                if snapshot.owner_of(b.bundle, broker) == broker
+            )
+            now = max(now, reported)
         load = data.weighted_max_ema + per_byte[broker] * (now - data.msg_throughput_ema)
         estimated[broker] = max(0.0, load)
     return Estimate(loads=estimated, per_byte=per_byte)
+
+
+def ema_only(data: BrokerLoadData) -> bool:
+    """Whether the broker's report carries no raw sample, only its EMAs."""
+    return data.usage == BrokerUsage()
 
 
 def _capacity(data: BrokerLoadData) -> float:
@@ -150,11 +167,13 @@ def _capacity(data: BrokerLoadData) -> float:
     return data.usage.bandwidth_in.limit + data.usage.bandwidth_out.limit
 
 
-def _unreported_moves(
+def _unabsorbed_moves(
     snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
 ) -> dict[BrokerId, float]:
-    """Per broker, the throughput gained (+) or given (-) by carried-out moves newer than its
-    latest report."""
+    """Per broker, the throughput gained (+) or given (-) by carried-out moves that its latest
+    report does not show: all of a move newer than the report; of an older one, when the broker
+    reports only its EMAs, the share its EMA has not taken in yet (``HISTORY_PERCENTAGE`` to the
+    power of the reports since the move, counted in :attr:`ShedderState.reports`)."""
     delta: dict[BrokerId, float] = {}
     for move in state.moves:
         owner = snapshot.owners.get(move.bundle)
@@ -164,14 +183,22 @@ def _unreported_moves(
             continue  # moved again since, by someone else: the reports will show it
         for broker, sign in ((move.src, -1.0), (owner, 1.0)):
             data = loads.get(broker)
-            if data is not None and data.updated_at_ms <= move.at_ms:
-                delta[broker] = delta.get(broker, 0.0) + sign * move.throughput
+            if data is None:
+                continue
+            if data.updated_at_ms <= move.at_ms:
+                share = 1.0
+            elif ema_only(data):
+                since = sum(1 for t in state.reports.get(broker, ()) if t > move.at_ms)
+                share = HISTORY_PERCENTAGE ** max(1, since)
+            else:
+                continue
+            delta[broker] = delta.get(broker, 0.0) + sign * move.throughput * share
     return delta
 
 
 def planning_goal(config: SheddingConfig) -> float:
-    """The std a cycle plans down to, once the cluster needs balancing."""
-    return min(config.target_std * PLAN_MARGIN, PLAN_FLOOR)
+    """The std a balancing episode plans down to."""
+    return config.target_std * PLAN_MARGIN
 
 
 def plan_shed(
@@ -184,12 +211,13 @@ def plan_shed(
     """Run one cluster_planner cycle; return its result and the state for the next cycle."""
     memory = max(PING_PONG_WINDOW_MS, config.load_data_ttl_s * 1000)
     kept = tuple(m for m in state.moves if now_ms - m.at_ms < memory)
-    state = ShedderState(hit_count=state.hit_count, moves=kept)
     usable = usable_load(snapshot, config, now_ms)
+    state = replace(state, moves=kept, reports=_seen_reports(state.reports, usable.loads))
+    notes: list[str] = []
 
     def skip(reason: SkipReason, hit_count: int) -> tuple[SheddingResult, ShedderState]:
-        result = SheddingResult((), reason, usable.avg, usable.std)
-        return result, ShedderState(hit_count=hit_count, moves=kept)
+        result = SheddingResult((), reason, usable.avg, usable.std, tuple(notes))
+        return result, replace(state, hit_count=hit_count, balancing=False)
 
     if usable.skip_reason not in (None, SkipReason.COOL_DOWN):
         assert usable.skip_reason is not None
@@ -197,25 +225,125 @@ def plan_shed(
     est = estimate(snapshot, usable.loads, state)
     if est is None:
         return skip(SkipReason.NO_BUNDLES, 0)
+    notes += data_notes(snapshot, usable.loads, state)
     plan = _Plan(snapshot, config, est, state, now_ms, rng)
-    # Hysteresis: an episode under way goes on until the std is under the planning goal.
-    under_way = state.hit_count > config.hit_count_threshold
-    goal = planning_goal(config) if under_way else config.target_std
-    persistent = plan.imbalanced(goal) or bool(plan.overloaded())
+    before, owned = state.owned, dict(plan.holding)
+    state = replace(state, owned=owned)
+    # Hysteresis: a balancing episode under way goes on until the std is under the planning goal.
+    goal = planning_goal(config) if state.balancing else config.target_std
+    spread = plan.imbalanced(goal)
+    persistent = spread or bool(plan.overloaded())
     hit_count = state.hit_count + 1 if persistent else 0
-    if not plan.underloaded() and (not persistent or hit_count <= config.hit_count_threshold):
+    # No spike empties a broker: an underloaded one is filled at once, and the spread it makes
+    # is lasting too. What a spike cannot do either (:func:`witnessed`) has lasted.
+    underloaded = bool(plan.underloaded())
+    shown = persistent and _uneven(witnessed(usable.loads, est, before, owned), config, goal)
+    lasting = state.balancing or underloaded or hit_count > config.hit_count_threshold or shown
+    if persistent and not lasting:
+        notes.append(
+            f"waiting: the imbalance shows in the latest samples only (a change of traffic, or "
+            f"a spike), {hit_count} of the {config.hit_count_threshold + 1} cycles in a row "
+            f"the hit count asks"
+        )
+    elif persistent and shown and hit_count <= config.hit_count_threshold:
+        notes.append("lasting: the EMAs, or brokers whose bundles changed owner, show it too")
+    if not underloaded and not (persistent and lasting):
         return skip(SkipReason.HIT_COUNT, hit_count)
-    decisions = plan.run()
+    # The whole cluster is balanced only when its spread is over target; an overloaded broker
+    # alone is relieved, an underloaded one filled, and the rest left as it is.
+    balancing = spread and lasting
+    decisions = plan.run(balancing)
     if not decisions:
         return skip(plan.skip_reason(), hit_count)
     moves = kept + tuple(
         PastMove(d.bundle, d.src, d.dst, plan.throughput[d.bundle], now_ms) for d in decisions
     )
-    result = SheddingResult(tuple(decisions), None, usable.avg, usable.std)
-    # An episode that moved bundles is confirmed: while the condition still holds, the next
-    # cycle goes on with it instead of waiting out the hit count again.
-    confirmed = max(hit_count, config.hit_count_threshold + 1)
-    return result, ShedderState(hit_count=confirmed, moves=moves)
+    result = SheddingResult(tuple(decisions), None, usable.avg, usable.std, tuple(notes))
+    # A balancing episode that moved bundles goes on in the next cycle, while the spread is over
+    # the planning goal, without waiting out the hit count again.
+    return result, replace(state, hit_count=hit_count, moves=moves, balancing=balancing)
+
+
+REPORTS_KEPT = 64
+"""Report times remembered per broker: enough to count the reports since any move whose share an
+EMA has not taken in yet (0.9 to the 64th power is 0.1%)."""
+
+
+def _seen_reports(
+    seen: Mapping[BrokerId, tuple[int, ...]], loads: Mapping[BrokerId, BrokerLoadData]
+) -> dict[BrokerId, tuple[int, ...]]:
+    """``seen`` with each broker's latest report time added (brokers gone are forgotten)."""
+    out: dict[BrokerId, tuple[int, ...]] = {}
+    for broker, data in loads.items():
+        times = seen.get(broker, ())
+        if not times or times[-1] != data.updated_at_ms:
+            times = (*times, data.updated_at_ms)[-REPORTS_KEPT:]
+        out[broker] = times
+    return out
+
+
+def data_notes(
+    snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
+) -> list[str]:
+    """What the planner could not read from the reports, and how it planned instead."""
+    notes: list[str] = []
+    blind = sorted(b for b, d in loads.items() if ema_only(d))
+    if blind:
+        named = ", ".join(blind[:5]) + (f" and {len(blind) - 5} more" if len(blind) > 5 else "")
+        notes.append(
+            f"{len(blind)} of {len(loads)} brokers report only their EMAs ({named}): their "
+            f"loads are the EMAs, with the share of the planner's moves an EMA has not taken in "
+            f"yet, and at least their top bundles"
+        )
+    unreported = sum(
+        1
+        for m in state.moves
+        if any(
+            (data := loads.get(b)) is not None and data.updated_at_ms <= m.at_ms
+            for b in (m.src, m.dst)
+            if b is not None
+        )
+        and snapshot.owners.get(m.bundle) not in (None, m.src)
+    )
+    if unreported:
+        notes.append(
+            f"{unreported} move(s) newer than their brokers' latest reports, counted from the "
+            f"planner's memory"
+        )
+    return notes
+
+
+def witnessed(
+    loads: Mapping[BrokerId, BrokerLoadData],
+    est: Estimate,
+    before: Mapping[BrokerId, int],
+    now: Mapping[BrokerId, int],
+) -> dict[BrokerId, float]:
+    """Each broker's load as far as a spike cannot have made it: its EMA, which weighs the last
+    ten reports or so and which a spike barely moves; but its estimate when the bundles it holds
+    changed since the previous cycle (a lookup placed some there, a broker joined or left, the
+    planner moved some), since a change of owner is not a spike. ``before`` and ``now`` count
+    each broker's bundles in the previous cycle and this one (empty before: the first cycle)."""
+    out: dict[BrokerId, float] = {}
+    for broker, data in loads.items():
+        changed = bool(before) and before.get(broker) != now.get(broker)
+        out[broker] = est.loads[broker] if changed else data.weighted_max_ema
+    return out
+
+
+def _uneven(loads: Mapping[BrokerId, float], config: SheddingConfig, goal: float) -> bool:
+    """Whether ``loads`` spread over ``goal`` or hold an overloaded broker."""
+    return mean_and_std(loads.values())[1] > goal or bool(_overloaded(loads, config))
+
+
+def _overloaded(loads: Mapping[BrokerId, float], config: SheddingConfig) -> set[BrokerId]:
+    """Brokers at or over the overloaded threshold and over avg + target."""
+    avg = mean_and_std(loads.values())[0]
+    return {
+        b
+        for b, load in loads.items()
+        if load >= config.overloaded_threshold and load > avg + config.target_std
+    }
 
 
 class _Plan:
@@ -272,12 +400,7 @@ class _Plan:
 
     def overloaded(self) -> set[BrokerId]:
         """Brokers at or over the overloaded threshold and over avg + target."""
-        avg = mean_and_std(self.projected.values())[0]
-        return {
-            b
-            for b, load in self.projected.items()
-            if load >= self.config.overloaded_threshold and load > avg + self.config.target_std
-        }
+        return _overloaded(self.projected, self.config)
 
     def underloaded(self) -> set[BrokerId]:
         """Nearly empty brokers (Pulsar's underloaded multiplier of the average)."""
@@ -293,13 +416,14 @@ class _Plan:
 
     # -- the plan ------------------------------------------------------------------------------
 
-    def run(self) -> list[UnloadDecision]:
-        """Add the best move while the cluster still needs one and a move still helps."""
+    def run(self, balancing: bool) -> list[UnloadDecision]:
+        """Add the best move while the cluster still needs one and a move still helps: down to
+        the planning goal when ``balancing``, else until no broker is over- or underloaded."""
         goal = planning_goal(self.config)
         while True:
             under = self.underloaded()
             over = self.overloaded()
-            if self.imbalanced(goal):
+            if balancing and self.imbalanced(goal):
                 sources, destinations = None, None
             elif over:
                 sources, destinations = over, None

@@ -134,7 +134,7 @@ class UnloadScheduler:
         self._state = ShedderState()
         self._recent_bundles: dict[BundleId, int] = {}
         self._recent_brokers: dict[BrokerId, int] = {}
-        self._last_skip: str | None = None
+        self._last_skip: tuple[str, tuple[str, ...]] | None = None
         self._lock = asyncio.Lock()
         self._last_op: Operation | None = None
 
@@ -346,13 +346,20 @@ class UnloadScheduler:
     async def _act(self, result: SheddingResult, plan: Plan | None, now: int) -> CycleReport:
         if result.skip_reason is not None or plan is None:
             reason = "Unknown" if result.skip_reason is None else result.skip_reason.value
-            if reason != self._last_skip:
+            said = (reason, result.notes)
+            if said != self._last_skip:
                 _log.info(
-                    "shedding: no unload (%s), avg %.3f std %.3f", reason, result.avg, result.std
+                    "shedding: no unload (%s), avg %.3f std %.3f%s",
+                    reason,
+                    result.avg,
+                    result.std,
+                    "".join(f"; {note}" for note in result.notes),
                 )
-            self._last_skip = reason
+            self._last_skip = said
             return CycleReport(result, (), ())
         self._last_skip = None
+        for note in result.notes:
+            _log.info("shedding: %s", note)
         op = self._tracker.start_operation(
             OperationKind.SHEDDING,
             f"shedding cycle ({self._strategy_name}): {len(plan.moves)} move(s), std "
