@@ -410,8 +410,18 @@ class ClientHarness:
         self._failover("kill -9 sidecar", "sidecar", pause_s=None)
 
     def kill_leader(self) -> None:
-        """kill -9 of the leader's sidecar; started again once its bundles moved."""
+        """kill -9 of the leader's sidecar; started again once its bundles moved. A leader that
+        owns no traffic topic (the earlier faults moved them all away) is first given the
+        busiest bundle, so that the failover has clients to hand over."""
         leader = _retry(lambda: self.client().leader()).broker_id
+        if not self.topics_of(leader):
+            bundle, _, _ = self.busy_bundle()
+            _retry(lambda: self.client().transfer(bundle, leader))
+            _wait(
+                f"{bundle} Owned by {leader}",
+                lambda: self.owners().get(bundle) == leader or None,
+            )
+            time.sleep(1.0)  # the moved clients settle before the fault's window opens
         self._failover("kill -9 leader sidecar", "sidecar", pause_s=None, victim=leader)
 
     def pause_front(self, seconds: float = 30.0) -> None:
