@@ -234,6 +234,14 @@ class AdminServicer(lbd_pb2_grpc.AdminServicer):
         _log.info("namespace %s: policies set to %s (Admin)", name, policies.to_dict())
         return lbd_pb2.SetNamespacePoliciesResponse()
 
+    async def GetNamespace(
+        self, request: lbd_pb2.GetNamespaceRequest, context: grpc.aio.ServicerContext
+    ) -> lbd_pb2.NamespaceInfo:
+        """A namespace's bundles and policies, fresh from the store (another sidecar may have
+        split or set policies since)."""
+        record = await self._d.namespaces.refresh(NamespaceName.parse(request.namespace))
+        return convert.namespace_info(record)
+
     # -- the leader's calls ------------------------------------------------------------------
 
     @on_leader

@@ -4,11 +4,12 @@ A caller proves who it is with a client certificate (mutual TLS: the common name
 identity, the organization names the role through ``auth.cert_roles``), a static token
 (``auth.tokens_file``, or ``grpc.admin_token`` as the identity ``admin``) or a signed token
 (:mod:`lbd.api.tokens`). A bearer token, when present, wins over the certificate: a sidecar
-forwarding a call connects with its own certificate and passes its caller's token along.
+forwarding a call connects with its own certificate and passes its caller's token along; a
+broker's REST API passes its caller's token, or :data:`ANONYMOUS_CALLER` when there is none.
 
 Roles (docs/security.md):
 
-- ``reader``: Lookup, WatchOwnership, ListBrokers, ListBundles, GetLoad, GetLeader,
+- ``reader``: Lookup, WatchOwnership, ListBrokers, ListBundles, GetNamespace, GetLoad, GetLeader,
   ListDecisions, Audit, ListOperations, GetOperation, WatchOperation;
 - ``broker``: what a reader may, and a BrokerSession for its own broker id only;
 - ``admin``: everything.
@@ -47,6 +48,10 @@ audit_log = logging.getLogger("lbd.audit")
 
 AUTHORIZATION = "authorization"
 BEARER = "bearer "
+ANONYMOUS_CALLER = "lbd-anonymous-caller"
+"""Metadata a gateway sends for a caller of its own who presented no token (the broker's REST
+API): the call then stands for an anonymous caller, whatever certificate the gateway's own
+connection carries. It can only take rights away, so nobody needs to be trusted to send it."""
 _SERVICE = "/lbd.v1."
 
 
@@ -78,6 +83,7 @@ READER_METHODS = frozenset(
         "LoadBalancer/WatchOwnership",
         "Admin/ListBrokers",
         "Admin/ListBundles",
+        "Admin/GetNamespace",
         "Admin/GetLoad",
         "Admin/GetLeader",
         "Admin/ListDecisions",
@@ -163,9 +169,10 @@ class Authenticator:
         token = _bearer(metadata)
         if token is not None:
             return self._by_token(token)
-        from_cert = self._by_certificate(auth_context)
-        if from_cert is not None:
-            return from_cert
+        if not _anonymous(metadata):
+            from_cert = self._by_certificate(auth_context)
+            if from_cert is not None:
+                return from_cert
         if self._config.anonymous_role is not None:
             return Principal("anonymous", self._config.anonymous_role, "anonymous")
         return None
@@ -296,6 +303,11 @@ def _bearer(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
             )
         return text[len(BEARER) :].strip()
     return None
+
+
+def _anonymous(metadata: Sequence[tuple[str, Any]] | None) -> bool:
+    """Whether the call stands for a caller without credentials (:data:`ANONYMOUS_CALLER`)."""
+    return any(key.lower() == ANONYMOUS_CALLER for key, _ in metadata or ())
 
 
 def _subject_values(subject: str, attribute: str) -> list[str]:

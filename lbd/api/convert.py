@@ -126,6 +126,7 @@ def broker_info_to_proto(info: BrokerInfo) -> lbd_pb2.BrokerInfo:
         service_url=info.service_url,
         service_url_tls=info.service_url_tls,
         web_service_url=info.web_service_url,
+        web_service_url_tls=info.web_service_url_tls,
         version=info.version,
         start_time_ms=info.start_time_ms,
         sidecar_grpc_addr=info.sidecar_grpc_addr,
@@ -141,6 +142,7 @@ def broker_info_from_proto(msg: lbd_pb2.BrokerInfo) -> BrokerInfo:
         service_url=msg.service_url,
         service_url_tls=msg.service_url_tls,
         web_service_url=msg.web_service_url,
+        web_service_url_tls=msg.web_service_url_tls,
         version=msg.version,
         start_time_ms=msg.start_time_ms,
         sidecar_grpc_addr=msg.sidecar_grpc_addr,
@@ -153,6 +155,7 @@ def owner_urls(info: BrokerInfo) -> lbd_pb2.OwnerUrls:
         service_url=info.service_url,
         service_url_tls=info.service_url_tls,
         web_service_url=info.web_service_url,
+        web_service_url_tls=info.web_service_url_tls,
     )
 
 
@@ -375,6 +378,27 @@ def policies_from_proto(msg: lbd_pb2.NamespacePolicies) -> NamespacePolicies:
         isolation=isolation,
         anti_affinity_group=optional(msg.anti_affinity_group),
         max_bundles=msg.max_bundles if msg.HasField("max_bundles") else None,
+    )
+
+
+def policies_to_proto(policies: NamespacePolicies) -> lbd_pb2.NamespacePolicies:
+    """The protobuf of a namespace's policies (the inverse of :func:`policies_from_proto`)."""
+    msg = lbd_pb2.NamespacePolicies(anti_affinity_group=policies.anti_affinity_group or "")
+    if policies.isolation is not None:
+        msg.isolation_primary.extend(policies.isolation.primary)
+        msg.isolation_secondary.extend(policies.isolation.secondary)
+        msg.isolation_min_primaries = policies.isolation.min_available_primaries
+    if policies.max_bundles is not None:
+        msg.max_bundles = policies.max_bundles
+    return msg
+
+
+def namespace_info(record: NamespaceRecord) -> lbd_pb2.NamespaceInfo:
+    """A namespace, its bundle ids in hash order and its policies."""
+    return lbd_pb2.NamespaceInfo(
+        namespace=str(record.name),
+        bundles=[b.id for b in record.bundles().bundles()],
+        policies=policies_to_proto(record.policies),
     )
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from lbd.api.auth import AUTHORIZATION
+from lbd.api.auth import ANONYMOUS_CALLER, AUTHORIZATION
 from lbd.api.handlers import (
     BoundCall,
     BoundStreamCall,
@@ -167,7 +167,11 @@ class Forwarder:
                 "view is changing, retry"
             )
         metadata: list[tuple[str, str]] = [(FORWARDED, self._me)]
-        metadata += [(k, v) for k, v in incoming if k == AUTHORIZATION and isinstance(v, str)]
+        metadata += [
+            (k, v)
+            for k, v in incoming
+            if k in (AUTHORIZATION, ANONYMOUS_CALLER) and isinstance(v, str)
+        ]
         inject_context(metadata)
         return tuple(metadata)
 

@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--addr", metavar="HOST:PORT", help="pulsar:// listen address (front.addr)")
     parser.add_argument(
+        "--web-addr", metavar="HOST:PORT", help="http:// REST API address (front.web_addr)"
+    )
+    parser.add_argument(
         "--sidecar", metavar="HOST:PORT", help="the sidecar's gRPC address (front.sidecar_addr)"
     )
     parser.add_argument(
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         "broker.broker_id": args.broker_id,
         "front.addr": args.addr,
+        "front.web_addr": args.web_addr,
         "front.sidecar_addr": args.sidecar,
         "front.storage_url": args.storage_url,
     }

@@ -217,6 +217,8 @@ def usage(cluster: DevCluster, state_dir: Path) -> str:
         lines.append(f"  storage      {cluster.storage_url}  (the brokers' topics)")
     for n in cluster.nodes:
         broker = f"  broker {n.service_url}" if n.service_url else ""
+        if n.web_url:
+            broker += f"  REST {n.web_url}"
         lines.append(
             f"  {n.broker_id:<12} sidecar {n.grpc_addr}  metrics http://{n.metrics_addr}/metrics"
             + broker

@@ -866,6 +866,17 @@ class FrontSettings(Section):
     pulsar://<addr> (set it when addr binds 0.0.0.0 or [::])."""
     advertised_url_tls: Annotated[OptStr, _unless_none(_url_check("pulsar+ssl"))] = None
     """The pulsar+ssl:// URL clients are sent to. Empty: pulsar+ssl://<tls_addr>."""
+    web_addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = "127.0.0.1:8080"
+    """Listen address of the broker's web service in plaintext (http://): Pulsar's REST API of
+    lookups, brokers, namespaces, bundles and load (docs/operating.md). Empty: none."""
+    web_tls_addr: Annotated[HostPort | None, BeforeValidator(_blank_to_none)] = None
+    """Listen address of the web service over TLS (https://), with tls_cert_file and
+    tls_ca_file as the TLS port. Empty: none."""
+    advertised_web_url: Annotated[OptStr, _unless_none(_url_check("http"))] = None
+    """The http:// URL of the web service handed out in lookups. Empty: http://<web_addr>."""
+    advertised_web_url_tls: Annotated[OptStr, _unless_none(_url_check("https"))] = None
+    """The https:// URL of the web service handed out in lookups. Empty:
+    https://<web_tls_addr>."""
     tls_cert_file: Annotated[OptStr, _unless_none(_check_file)] = None
     """PEM certificate chain the TLS port presents. Reloaded when the file changes."""
     tls_key_file: Annotated[OptStr, _unless_none(_check_file)] = Field(
@@ -954,6 +965,8 @@ class FrontSettings(Section):
             raise ValueError("addr and tls_addr are both empty: the broker needs a port")
         if self.tls_addr is not None and self.tls_cert_file is None:
             raise ValueError("tls_addr needs tls_cert_file and tls_key_file")
+        if self.web_tls_addr is not None and self.tls_cert_file is None:
+            raise ValueError("web_tls_addr needs tls_cert_file and tls_key_file")
         if self.tls_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_ca_file needs tls_cert_file and tls_key_file (TLS)")
         if self.storage_url.startswith("pulsar+ssl") and self.storage_ca_file is None:

@@ -21,7 +21,14 @@ from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerUsage, BundleLoad
 
-_URL_FIELDS = ("service_url", "service_url_tls", "web_service_url", "version", "sidecar_grpc_addr")
+_URL_FIELDS = (
+    "service_url",
+    "service_url_tls",
+    "web_service_url",
+    "web_service_url_tls",
+    "version",
+    "sidecar_grpc_addr",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,7 @@ class BrokerInfo:
     version: str = ""
     start_time_ms: int = 0
     sidecar_grpc_addr: str = ""
+    web_service_url_tls: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.broker_id, str) or not self.broker_id.strip():
@@ -67,6 +75,7 @@ class BrokerInfo:
                 "service_url": self.service_url,
                 "service_url_tls": self.service_url_tls,
                 "web_service_url": self.web_service_url,
+                "web_service_url_tls": self.web_service_url_tls,
                 "version": self.version,
                 "start_time_ms": self.start_time_ms,
                 "sidecar_grpc_addr": self.sidecar_grpc_addr,

@@ -166,6 +166,8 @@ class NodeRecord:
     """What a Pulsar client connects to (empty for a simulated broker, which serves nothing)."""
     broker_metrics_addr: str = ""
     """The broker front's /metrics (empty for a simulated broker)."""
+    web_url: str = ""
+    """The broker front's web service, Pulsar's REST API (empty for a simulated broker)."""
 
 
 @dataclass(frozen=True, slots=True)

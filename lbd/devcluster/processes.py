@@ -186,6 +186,8 @@ class FrontProcess(_LbdProcess):
         broker_id: str,
         port: int,
         metrics_port: int,
+        web_port: int,
+        cluster: str,
         sidecar_addr: str,
         storage_url: str,
         env: Mapping[str, str],
@@ -196,6 +198,7 @@ class FrontProcess(_LbdProcess):
         self.sidecar_addr = sidecar_addr
         self.port = port
         self.metrics_addr = f"{LOOPBACK}:{metrics_port}"
+        self.web_port = web_port
         self._tls = tls
         settings = {
             "front.metrics_addr": self.metrics_addr,
@@ -205,16 +208,24 @@ class FrontProcess(_LbdProcess):
         }
         if tls is None:
             settings["front.addr"] = f"{LOOPBACK}:{port}"
+            settings["front.web_addr"] = f"{LOOPBACK}:{web_port}"
         else:
-            settings.update(tls.settings(f"{LOOPBACK}:{port}"))
+            settings.update(tls.settings(f"{LOOPBACK}:{port}", f"{LOOPBACK}:{web_port}"))
         args = [
             "broker",
+            f"--cluster={cluster}",
             f"--broker-id={broker_id}",
             f"--sidecar={sidecar_addr}",
             f"--storage-url={storage_url}",
             *(f"--set={k}={v}" for k, v in settings.items()),
         ]
         super().__init__(workdir, args, env, start_timeout_s=start_timeout_s)
+
+    @property
+    def web_url(self) -> str:
+        """The broker's web service: Pulsar's REST API."""
+        scheme = "http" if self._tls is None else "https"
+        return f"{scheme}://{LOOPBACK}:{self.web_port}"
 
     @property
     def service_url(self) -> str:
@@ -246,12 +257,14 @@ class FrontTls:
     key_file: Path
     sidecar: ClientCredentials
 
-    def settings(self, addr: str) -> dict[str, str]:
-        """The front's settings (dotted keys)."""
+    def settings(self, addr: str, web_addr: str) -> dict[str, str]:
+        """The front's settings (dotted keys): TLS ports only."""
         creds = self.sidecar
         out = {
             "front.addr": "",
             "front.tls_addr": addr,
+            "front.web_addr": "",
+            "front.web_tls_addr": web_addr,
             "front.tls_cert_file": str(self.cert_file),
             "front.tls_key_file": str(self.key_file),
             "front.tls_ca_file": str(self.ca_file),

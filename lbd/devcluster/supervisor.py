@@ -224,7 +224,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         _log.info("sidecar %s serving at %s", sidecar.broker_id, sidecar.grpc_addr)
 
     brokers: list[SimBrokerProcess | FrontProcess] = []
-    broker_ports = iter(free_ports(2 * spec.brokers))
+    broker_ports = iter(free_ports(3 * spec.brokers))
     for sidecar in sidecars:
         broker: SimBrokerProcess | FrontProcess
         if storage is None:
@@ -245,6 +245,8 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
                 broker_id=sidecar.broker_id,
                 port=next(broker_ports),
                 metrics_port=next(broker_ports),
+                web_port=next(broker_ports),
+                cluster=CLUSTER_NAME,
                 sidecar_addr=via(f"{sidecar.broker_id}/sidecar", sidecar.grpc_addr),
                 storage_url=via(f"{sidecar.broker_id}/storage", storage.service_url),
                 env=env,  # with grpc.admin_token set, the broker presents it
@@ -292,6 +294,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
                 broker_metrics_addr=(
                     broker.metrics_addr if isinstance(broker, FrontProcess) else ""
                 ),
+                web_url=broker.web_url if isinstance(broker, FrontProcess) else "",
             )
             for sidecar, broker in zip(sidecars, brokers, strict=True)
         ),

@@ -32,7 +32,9 @@ from lbd.config import Settings
 from lbd.core.errors import InvalidInputError, LbdError
 from lbd.core.ids import BrokerId
 from lbd.front.handles import Redirect
+from lbd.front.http import HttpServer
 from lbd.front.metrics import FrontMetrics
+from lbd.front.rest import BrokerView, RestApi, WebUrls
 from lbd.front.server import FrontServer, Limits, ReloadingTls
 from lbd.front.service import Front
 from lbd.front.storage import StorageAddress, StoragePool
@@ -71,6 +73,23 @@ def advertised_urls(settings: Settings) -> Redirect:
                 f"{key.replace('addr', 'advertised_url')}"
             )
     return Redirect(plain, tls)
+
+
+def advertised_web(settings: Settings) -> WebUrls:
+    """The URLs of this broker's web service handed out in lookups."""
+    f = settings.front
+    plain = f.advertised_web_url or (f"http://{f.web_addr}" if f.web_addr else "")
+    tls = f.advertised_web_url_tls or (f"https://{f.web_tls_addr}" if f.web_tls_addr else "")
+    for url, key, advertised in (
+        (plain, "front.web_addr", "front.advertised_web_url"),
+        (tls, "front.web_tls_addr", "front.advertised_web_url_tls"),
+    ):
+        host = url.partition("://")[2].rpartition(":")[0]
+        if host in ("0.0.0.0", "[::]") or url.endswith(":0"):
+            raise InvalidInputError(
+                f"{key} does not name an address clients can reach ({url}): set {advertised}"
+            )
+    return WebUrls(plain, tls)
 
 
 def credentials_of(settings: Settings) -> ClientCredentials:
@@ -158,6 +177,7 @@ class BrokerFront:
         sidecar = sidecar_of(s)
         credentials = credentials_of(s)
         urls = advertised_urls(s)
+        web = advertised_web(s)
         storage = storage_of(s)
         tls = None
         if f.tls_cert_file is not None and f.tls_key_file is not None:
@@ -210,6 +230,8 @@ class BrokerFront:
             broker_id=self._me,
             service_url=urls.service_url,
             service_url_tls=urls.service_url_tls,
+            web_service_url=web.http,
+            web_service_url_tls=web.https,
             version=f"lbd-front/{__version__}",
             start_time_ms=int(time.time() * 1000),
         )
@@ -231,14 +253,36 @@ class BrokerFront:
         )
         await server.start()
         stack.push_async_callback(server.close)
+        rest = RestApi(
+            channel,
+            BrokerView(
+                broker_id=self._me,
+                cluster=s.cluster.name,
+                web=web,
+                service_url=urls.service_url,
+                service_url_tls=urls.service_url_tls,
+                version=info.version,
+                serving=lambda: _not_serving(client),
+                load_report=lambda: front.last_report,
+            ),
+        )
+        web_server = HttpServer(
+            rest,
+            addr=f.web_addr,
+            tls_addr=f.web_tls_addr,
+            tls=tls.context if tls is not None else None,
+        )
+        await web_server.start()
+        stack.push_async_callback(web_server.close)
         ownership.start()
         stack.push_async_callback(ownership.close)
-        brokers = asyncio.ensure_future(_learn_brokers(front, channel, credentials))
+        brokers = asyncio.ensure_future(_learn_brokers(front, rest, channel, credentials))
         stack.push_async_callback(_cancel, brokers)
         _log.info(
-            "broker %s: clients at %s, sidecar %s, storage %s",
+            "broker %s: clients at %s, web service at %s, sidecar %s, storage %s",
             self._me,
             " and ".join(u for u in (urls.service_url, urls.service_url_tls) if u),
+            " and ".join(u for u in (web.http, web.https) if u) or "(none)",
             sidecar,
             f.storage_url,
         )
@@ -276,11 +320,21 @@ BROKERS_REFRESH_S = 5.0
 """How often the front asks its sidecar for the registered brokers' URLs."""
 
 
+def _not_serving(client: BrokerClient) -> str | None:
+    """Why the broker does not serve now (None when it does)."""
+    if not client.connected:
+        return "no session with its sidecar"
+    if not client.lease_valid():
+        return "its serving lease is not valid"
+    return None
+
+
 async def _learn_brokers(
-    front: Front, channel: grpc.aio.Channel, credentials: ClientCredentials
+    front: Front, rest: RestApi, channel: grpc.aio.Channel, credentials: ClientCredentials
 ) -> None:
-    """Keep the front's list of brokers (where to send a client its own sidecar cannot
-    answer for) from the sidecar's ListBrokers; a failed call waits for the next."""
+    """Keep the front's and the REST API's lists of brokers (where to send a client its own
+    sidecar cannot answer for) from the sidecar's ListBrokers; a failed call waits for the
+    next."""
     admin = lbd_pb2_grpc.AdminStub(channel)
     while True:
         try:
@@ -297,6 +351,13 @@ async def _learn_brokers(
                     BrokerId(b.info.broker_id): Redirect(b.info.service_url, b.info.service_url_tls)
                     for b in listed.brokers
                     if b.info.service_url or b.info.service_url_tls
+                }
+            )
+            rest.learn_brokers(
+                {
+                    b.info.broker_id: WebUrls(b.info.web_service_url, b.info.web_service_url_tls)
+                    for b in listed.brokers
+                    if b.info.web_service_url or b.info.web_service_url_tls
                 }
             )
         await asyncio.sleep(BROKERS_REFRESH_S)

@@ -179,6 +179,8 @@ class Front(RecordingHandler):
         self._closing: set[Handle] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = _Changed()
+        self.last_report: lbd_pb2.LoadReport | None = None
+        """The load report sent last (None before the first)."""
         self.emptied = asyncio.Event()
         """Set while the front holds no bundle."""
         self.emptied.set()
@@ -477,10 +479,12 @@ class Front(RecordingHandler):
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
     def load_report(self) -> lbd_pb2.LoadReport:
-        """Usage and the served bundles' stats from the clients' traffic."""
+        """Usage and the served bundles' stats from the clients' traffic (a new sample: the
+        session's report loop calls it; :attr:`last_report` is what it sent last)."""
         _, bytes_in, _, bytes_out = self._book.totals()
         report = self._usage.sample(bytes_in, bytes_out)
         report.bundles.extend(bundle_stats(self.served, self._book.topics(), self._book.rates()))
+        self.last_report = report
         return report
 
     def _forget(self, bundle: BundleId) -> None:

@@ -69,6 +69,8 @@ class TrafficSpec:
     hot_factor: float = 5.0
     seed: int = 0
     tls: ClientTls | None = None
+    token: str | None = None
+    """A bearer token the client authenticates with (an http:// service URL's lookups)."""
     send_timeout_ms: int = 30_000
     """The client's default: a send not receipted within this fails."""
     log_level: str = "error"
@@ -143,10 +145,16 @@ class ClientTraffic:
         }
         if spec.tls is not None:
             kwargs["tls_trust_certs_file_path"] = spec.tls.ca_file
-            if spec.tls.cert_file and spec.tls.key_file:
+            if spec.tls.cert_file and spec.tls.key_file and spec.token:
+                # The certificate for TLS, the token to authenticate (an HTTP lookup's).
+                kwargs["tls_certificate_file_path"] = spec.tls.cert_file
+                kwargs["tls_private_key_file_path"] = spec.tls.key_file
+            elif spec.tls.cert_file and spec.tls.key_file:
                 kwargs["authentication"] = pulsar.AuthenticationTLS(
                     spec.tls.cert_file, spec.tls.key_file
                 )
+        if spec.token:
+            kwargs["authentication"] = pulsar.AuthenticationToken(spec.token)
         self._client = pulsar.Client(spec.service_url, **kwargs)
         kind = SUBSCRIPTION_TYPES[spec.subscription_type]
         for topic in spec.topics:

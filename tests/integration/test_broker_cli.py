@@ -19,7 +19,17 @@ pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
 
 def broker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "lbd.cli.main", "broker", "--set", "front.metrics_addr=", *args],
+        [
+            sys.executable,
+            "-m",
+            "lbd.cli.main",
+            "broker",
+            "--set",
+            "front.metrics_addr=",
+            "--set",
+            "front.web_addr=",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -60,7 +60,7 @@ OPERATION_STATE_FAILED: OperationState
 OPERATION_STATE_CANCELLED: OperationState
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "service_url", "service_url_tls", "web_service_url", "version", "start_time_ms", "sidecar_grpc_addr", "takes_own_batches")
+    __slots__ = ("broker_id", "service_url", "service_url_tls", "web_service_url", "version", "start_time_ms", "sidecar_grpc_addr", "takes_own_batches", "web_service_url_tls")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_URL_TLS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class BrokerInfo(_message.Message):
     START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_GRPC_ADDR_FIELD_NUMBER: _ClassVar[int]
     TAKES_OWN_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    WEB_SERVICE_URL_TLS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     service_url: str
     service_url_tls: str
@@ -77,17 +78,20 @@ class BrokerInfo(_message.Message):
     start_time_ms: int
     sidecar_grpc_addr: str
     takes_own_batches: bool
-    def __init__(self, broker_id: _Optional[str] = ..., service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ..., version: _Optional[str] = ..., start_time_ms: _Optional[int] = ..., sidecar_grpc_addr: _Optional[str] = ..., takes_own_batches: _Optional[bool] = ...) -> None: ...
+    web_service_url_tls: str
+    def __init__(self, broker_id: _Optional[str] = ..., service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ..., version: _Optional[str] = ..., start_time_ms: _Optional[int] = ..., sidecar_grpc_addr: _Optional[str] = ..., takes_own_batches: _Optional[bool] = ..., web_service_url_tls: _Optional[str] = ...) -> None: ...
 
 class OwnerUrls(_message.Message):
-    __slots__ = ("service_url", "service_url_tls", "web_service_url")
+    __slots__ = ("service_url", "service_url_tls", "web_service_url", "web_service_url_tls")
     SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_URL_TLS_FIELD_NUMBER: _ClassVar[int]
     WEB_SERVICE_URL_FIELD_NUMBER: _ClassVar[int]
+    WEB_SERVICE_URL_TLS_FIELD_NUMBER: _ClassVar[int]
     service_url: str
     service_url_tls: str
     web_service_url: str
-    def __init__(self, service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ...) -> None: ...
+    web_service_url_tls: str
+    def __init__(self, service_url: _Optional[str] = ..., service_url_tls: _Optional[str] = ..., web_service_url: _Optional[str] = ..., web_service_url_tls: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("topic", "read_only")
@@ -490,6 +494,22 @@ class SetNamespacePoliciesRequest(_message.Message):
 class SetNamespacePoliciesResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetNamespaceRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class NamespaceInfo(_message.Message):
+    __slots__ = ("namespace", "bundles", "policies")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    bundles: _containers.RepeatedScalarFieldContainer[str]
+    policies: NamespacePolicies
+    def __init__(self, namespace: _Optional[str] = ..., bundles: _Optional[_Iterable[str]] = ..., policies: _Optional[_Union[NamespacePolicies, _Mapping]] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

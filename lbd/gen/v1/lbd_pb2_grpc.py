@@ -287,6 +287,11 @@ class AdminStub:
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesRequest.SerializeToString,
                 response_deserializer=lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesResponse.FromString,
                 _registered_method=True)
+        self.GetNamespace = channel.unary_unary(
+                '/lbd.v1.Admin/GetNamespace',
+                request_serializer=lbd_dot_v1_dot_lbd__pb2.GetNamespaceRequest.SerializeToString,
+                response_deserializer=lbd_dot_v1_dot_lbd__pb2.NamespaceInfo.FromString,
+                _registered_method=True)
         self.GetLoad = channel.unary_unary(
                 '/lbd.v1.Admin/GetLoad',
                 request_serializer=lbd_dot_v1_dot_lbd__pb2.GetLoadRequest.SerializeToString,
@@ -422,6 +427,13 @@ class AdminServicer:
 
     def SetNamespacePolicies(self, request, context):
         """Replace a namespace's policies.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetNamespace(self, request, context):
+        """A namespace's bundles and policies, fresh from the metadata store.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -571,6 +583,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetNamespacePolicies,
                     request_deserializer=lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesRequest.FromString,
                     response_serializer=lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesResponse.SerializeToString,
+            ),
+            'GetNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNamespace,
+                    request_deserializer=lbd_dot_v1_dot_lbd__pb2.GetNamespaceRequest.FromString,
+                    response_serializer=lbd_dot_v1_dot_lbd__pb2.NamespaceInfo.SerializeToString,
             ),
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
@@ -888,6 +905,33 @@ class Admin:
             '/lbd.v1.Admin/SetNamespacePolicies',
             lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesRequest.SerializeToString,
             lbd_dot_v1_dot_lbd__pb2.SetNamespacePoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lbd.v1.Admin/GetNamespace',
+            lbd_dot_v1_dot_lbd__pb2.GetNamespaceRequest.SerializeToString,
+            lbd_dot_v1_dot_lbd__pb2.NamespaceInfo.FromString,
             options,
             channel_credentials,
             insecure,
