@@ -25,7 +25,8 @@ duplicated messages, latencies, lookups per event; and one front's overhead), ``
 ``partitions`` (one broker host's links cut, slowed or made flaky under real clients: a sidecar
 from etcd only and from the channel only, a broker from its sidecar, the leader from the channel,
 a host from the servers, flaky links; what the clients lost and how soon the cluster was whole
-again).
+again), ``rest`` (HTTP lookups on a broker's web port, Pulsar's REST API, against gRPC Lookups on
+its sidecar, same cluster, same run).
 
 The suites in ``FIGURE_SUITES`` also give figures, each set against a baseline: measured in the
 same run where there is one (the lookup suite's trivial grpc.aio server), else the goal. After
@@ -53,6 +54,7 @@ from bench import (
     outage_bench,
     partitions_bench,
     recovery_bench,
+    rest_bench,
     scale_bench,
     security_bench,
     sidecar_bench,
@@ -84,6 +86,7 @@ SUITES = (
     "security",
     "clients",
     "partitions",
+    "rest",
 )
 FIGURE_SUITES = (
     "lookup",
@@ -95,6 +98,7 @@ FIGURE_SUITES = (
     "scale",
     "clients",
     "partitions",
+    "rest",
 )
 """The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
 here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
@@ -148,6 +152,12 @@ def main() -> None:
         with console.status(f"sidecar: a dev cluster, {lookups:,} lookups, kill -9..."):
             result = sidecar_bench.run(bundles=32 if args.quick else 128, lookups=lookups)
         console.print(measurements_table("sidecar on a 3-broker dev cluster", result))
+    if "rest" in suites:
+        pairs = 2 if args.quick else 8
+        with console.status(f"rest: a dev cluster, {pairs} pairs of HTTP and gRPC passes..."):
+            rest = rest_bench.run(pairs=pairs)
+        console.print(rest_bench.table(rest))
+        figures += rest_bench.figures(rest)
     if "lookup" in suites:
         pairs = 4 if args.quick else 16
         with console.status(f"lookup: {pairs} pairs of passes, lbd and a trivial server..."):

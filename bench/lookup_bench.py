@@ -160,8 +160,8 @@ async def _measure(
                     drained = await _pass(calls[name], chunk, concurrency)
                     passes[name].setdefault(concurrency, []).append(drained)
     return Medians(
-        lbd={c: _summary(runs) for c, runs in passes["lbd"].items()},
-        trivial={c: _summary(runs) for c, runs in passes["trivial"].items()},
+        lbd={c: summary(runs) for c, runs in passes["lbd"].items()},
+        trivial={c: summary(runs) for c, runs in passes["trivial"].items()},
     )
 
 
@@ -171,7 +171,7 @@ async def _pass(
     return await drain(requests, lambda request: call(request, timeout=30), concurrency)
 
 
-def _summary(passes: list[Drained]) -> Run:
+def summary(passes: list[Drained]) -> Run:
     """The median throughput of ``passes`` and the p99 of all their latencies."""
     _, p99_ms = cuts([ms for p in passes for ms in p.latencies_ms])
     return Run(per_s=statistics.median(p.per_s for p in passes), p99_ms=p99_ms)

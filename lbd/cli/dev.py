@@ -91,6 +91,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run_addr)
 
     p = verbs.add_parser(
+        "web", help="print a broker's web service URL: Pulsar's REST API (for curl, scripts)"
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
+    p.add_argument("--broker", metavar="ID", help="whose broker (default: the first)")
+    p.set_defaults(func=run_web)
+
+    p = verbs.add_parser(
         "url", help="print the Pulsar service URL of the brokers (for clients, scripts)"
     )
     p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
@@ -166,6 +173,17 @@ def run_down(args: argparse.Namespace) -> int:
 def run_addr(args: argparse.Namespace) -> int:
     """Print the gRPC address of a sidecar."""
     print(load_cluster(args.state_dir).node(args.broker).grpc_addr)
+    return 0
+
+
+def run_web(args: argparse.Namespace) -> int:
+    """Print the web service URL of a broker front."""
+    node = load_cluster(args.state_dir).node(args.broker)
+    if not node.web_url:
+        raise InvalidInputError(
+            f"the dev cluster in {args.state_dir} runs simulated brokers: they serve no REST API"
+        )
+    print(node.web_url)
     return 0
 
 

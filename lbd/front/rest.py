@@ -177,8 +177,9 @@ class RestApi:
                     status = 401  # Pulsar's status for a topic or broker operation refused
                 return Response.error(status, e.reason)
         if allowed:
-            refused = Response.error(405, f"HTTP 405 Method Not Allowed: use {', '.join(allowed)}")
-            return dataclasses.replace(refused, headers={"Allow": ", ".join(allowed)})
+            methods = ", ".join(sorted(set(allowed)))
+            refused = Response.error(405, f"HTTP 405 Method Not Allowed: use {methods}")
+            return dataclasses.replace(refused, headers={"Allow": methods})
         return Response.error(404, f"HTTP 404 Not Found: {request.path}")
 
     # -- lookups ------------------------------------------------------------------------------

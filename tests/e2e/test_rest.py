@@ -11,11 +11,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,7 +28,14 @@ import pytest
 from lbd.devcluster.processes import client_tls_context
 from lbd.traffic.clients import ClientTls, ClientTraffic, TrafficSpec
 from lbd.traffic.records import summarize
-from tests.e2e.clusters import Cluster, own_topics, start_cluster, stop_cluster, wait_for
+from tests.e2e.clusters import (
+    Cluster,
+    lbd,
+    own_topics,
+    start_cluster,
+    stop_cluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(240)]
 
@@ -439,3 +450,59 @@ def test_a_lookup_at_a_broker_whose_sidecar_is_stopped_is_redirected(
         lambda: rest.call("GET", path, broker=victim).status == 200 or None,
         timeout_s=30,
     )
+
+
+# -- the README's lines ---------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_rest_lines() -> list[str]:
+    """The curl and python lines of the README's block that starts with ``lbd dev web``."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
+    block = next(b for b in blocks if "lbd dev web" in b)
+    return [
+        line.strip() for line in block.splitlines() if line.strip().startswith(("curl ", "python "))
+    ]
+
+
+def test_the_readme_rest_examples_work_as_written(rest: Rest, cluster: Cluster) -> None:
+    lines = readme_rest_lines()
+    assert len(lines) == 4, lines
+    bundle = "public/default/0x00000000_0x40000000"
+    cluster.client().lookup("persistent://public/default/my-topic")
+    if cluster.owners("public/default").get(bundle) == "broker-2":
+        cluster.client().transfer(bundle, "broker-1")
+    files = cluster.record.pulsar_client
+    curl = f"curl --fail-with-body -H 'Authorization: Bearer {ADMIN}'"
+    client = f"authentication=pulsar.AuthenticationToken('{READER}')"
+    if files:
+        curl += (
+            f" --cacert {files['ca_file']} --cert {files['cert_file']} --key {files['key_file']}"
+        )
+        client += (
+            f", tls_trust_certs_file_path='{files['ca_file']}'"
+            f", tls_certificate_file_path='{files['cert_file']}'"
+            f", tls_private_key_file_path='{files['key_file']}'"
+        )
+    web = lbd("dev", "web", "--state-dir", str(cluster.state_dir))
+    assert (web.returncode, web.stdout.strip()) == (0, rest.url("broker-1")), web.stderr
+    outputs = []
+    for line in lines:
+        command = line.replace("curl ", f"{curl} ", 1).replace("python ", f"{sys.executable} ", 1)
+        command = command.replace("pulsar.Client('$W')", f"pulsar.Client('$W', {client})")
+        done = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "W": rest.url("broker-1")},
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    before, after = json.loads(outputs[0]), json.loads(outputs[2])
+    assert before != after
+    nodes = {n.broker_id: n for n in cluster.record.nodes}
+    assert nodes["broker-2"].service_url in after.values()
+    assert cluster.owners("public/default")[bundle] == "broker-2"

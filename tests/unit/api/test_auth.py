@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from lbd.api import tokens
-from lbd.api.auth import AuthConfig, Role
+from lbd.api.auth import ANONYMOUS_CALLER, AuthConfig, Role
 from lbd.api.tls import ReloadingServerTls, ServerTlsFiles
 from lbd.broker.credentials import ClientCredentials
 from lbd.devcluster.pki import DevPki
@@ -69,6 +69,7 @@ RPCS: dict[str, Caller] = {
     "ListBrokers": lambda lb, a: a.ListBrokers(lbd_pb2.ListBrokersRequest()),
     "GetLeader": lambda lb, a: a.GetLeader(lbd_pb2.GetLeaderRequest()),
     "ListBundles": lambda lb, a: a.ListBundles(lbd_pb2.ListBundlesRequest()),
+    "GetNamespace": lambda lb, a: a.GetNamespace(lbd_pb2.GetNamespaceRequest()),
     "CreateNamespace": lambda lb, a: a.CreateNamespace(lbd_pb2.CreateNamespaceRequest()),
     "SetNamespacePolicies": lambda lb, a: a.SetNamespacePolicies(
         lbd_pb2.SetNamespacePoliciesRequest()
@@ -103,6 +104,7 @@ READS = {
     "ListBrokers",
     "GetLeader",
     "ListBundles",
+    "GetNamespace",
     "GetLoad",
     "ListDecisions",
     "Audit",
@@ -250,6 +252,35 @@ async def test_every_role_against_every_rpc_by_certificate(harness: Harness, pki
     assert table["bad credential"] == dict.fromkeys(RPCS, PD)
     del table["bad credential"]
     assert mismatches(table) == []
+
+
+async def test_a_call_for_an_anonymous_caller_carries_no_right_of_the_connection_s_certificate(
+    harness: Harness, pki: Pki
+) -> None:
+    """A broker's REST API calls the sidecar on its own certificate for callers who presented
+    nothing: marked so, the call has an anonymous caller's rights, not the certificate's."""
+    sidecar = await harness.add("broker-a")
+    await harness.ready()
+    tokens_file = pki.dir / "tokens"
+    tokens_file.write_text("reader ops-reader tok-reader\n")
+    auth = AuthConfig(cert_roles=CERT_ROLES, tokens_file=tokens_file)
+    admin = pki.client("admin", "ops", "admin")
+    async with serve_api(
+        harness, sidecar, auth=auth, tls=ReloadingServerTls(pki.server), credentials=admin
+    ) as api:
+        await until(lambda: api.elector.is_leader)
+        anonymous = ((ANONYMOUS_CALLER, "true"),)
+        request = lbd_pb2.ListBrokersRequest()
+        await api.admin.ListBrokers(request)  # the certificate's own right
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await api.admin.ListBrokers(request, metadata=anonymous)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert "reader role" in (refused.value.details() or "")
+        reader = (*anonymous, ("authorization", "Bearer tok-reader"))
+        await api.admin.ListBrokers(request, metadata=reader)  # a token still counts
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await api.admin.Unload(lbd_pb2.UnloadRequest(), metadata=reader)
+        assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_signed_tokens_name_their_holder_and_expire(harness: Harness, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ INFO = BrokerInfo(
     service_url="pulsar://h:6650",
     service_url_tls="pulsar+ssl://h:6651",
     web_service_url="http://h:8080",
+    web_service_url_tls="https://h:8443",
     version="3.3.0",
     start_time_ms=1_700_000_000_000,
     sidecar_grpc_addr="h:7000",
