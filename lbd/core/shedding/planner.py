@@ -100,6 +100,9 @@ class Estimate:
 
     loads: Mapping[BrokerId, float]
     per_byte: Mapping[BrokerId, float]
+    from_memory: int = 0
+    """Carried-out moves newer than the latest report of their source or owner: counted from
+    the planner's memory (:attr:`ShedderState.moves`), not from the reports."""
 
     def after(
         self, decisions: tuple[UnloadDecision, ...], throughput: Mapping[BundleId, float]
@@ -140,7 +143,7 @@ def estimate(
             per_byte[broker] = statistics.median(by_capacity) / _capacity(data)
         else:
             per_byte[broker] = median
-    unabsorbed = _unabsorbed_moves(snapshot, loads, state)
+    unabsorbed, from_memory = _unabsorbed_moves(snapshot, loads, state)
     estimated: dict[BrokerId, float] = {}
     for broker, data in loads.items():
         now = max(0.0, current_throughput(data) + unabsorbed.get(broker, 0.0))
@@ -154,7 +157,7 @@ def estimate(
             now = max(now, reported)
         load = data.weighted_max_ema + per_byte[broker] * (now - data.msg_throughput_ema)
         estimated[broker] = max(0.0, load)
-    return Estimate(loads=estimated, per_byte=per_byte)
+    return Estimate(loads=estimated, per_byte=per_byte, from_memory=from_memory)
 
 
 def ema_only(data: BrokerLoadData) -> bool:
@@ -169,31 +172,36 @@ def _capacity(data: BrokerLoadData) -> float:
 
 def _unabsorbed_moves(
     snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
-) -> dict[BrokerId, float]:
+) -> tuple[dict[BrokerId, float], int]:
     """Per broker, the throughput gained (+) or given (-) by carried-out moves that its latest
     report does not show: all of a move newer than the report; of an older one, when the broker
     reports only its EMAs, the share its EMA has not taken in yet (``HISTORY_PERCENTAGE`` to the
-    power of the reports since the move, counted in :attr:`ShedderState.reports`)."""
+    power of the reports since the move, counted in :attr:`ShedderState.reports`). And how many
+    moves are newer than a report of theirs (:attr:`Estimate.from_memory`)."""
     delta: dict[BrokerId, float] = {}
+    newer = 0
     for move in state.moves:
         owner = snapshot.owners.get(move.bundle)
         if owner is None or owner == move.src:
             continue  # not carried out (dropped, or still moving)
         if move.dst is not None and owner != move.dst:
             continue  # moved again since, by someone else: the reports will show it
+        unreported = False
         for broker, sign in ((move.src, -1.0), (owner, 1.0)):
             data = loads.get(broker)
             if data is None:
                 continue
             if data.updated_at_ms <= move.at_ms:
                 share = 1.0
+                unreported = True
             elif ema_only(data):
                 since = sum(1 for t in state.reports.get(broker, ()) if t > move.at_ms)
                 share = HISTORY_PERCENTAGE ** max(1, since)
             else:
                 continue
             delta[broker] = delta.get(broker, 0.0) + sign * move.throughput * share
-    return delta
+        newer += unreported
+    return delta, newer
 
 
 def planning_goal(config: SheddingConfig) -> float:
@@ -225,7 +233,7 @@ def plan_shed(
     est = estimate(snapshot, usable.loads, state)
     if est is None:
         return skip(SkipReason.NO_BUNDLES, 0)
-    notes += data_notes(snapshot, usable.loads, state)
+    notes += data_notes(usable.loads, est)
     plan = _Plan(snapshot, config, est, state, now_ms, rng)
     before, owned = state.owned, dict(plan.holding)
     state = replace(state, owned=owned)
@@ -282,9 +290,7 @@ def _seen_reports(
     return out
 
 
-def data_notes(
-    snapshot: LoadSnapshot, loads: Mapping[BrokerId, BrokerLoadData], state: ShedderState
-) -> list[str]:
+def data_notes(loads: Mapping[BrokerId, BrokerLoadData], est: Estimate) -> list[str]:
     """What the planner could not read from the reports, and how it planned instead."""
     notes: list[str] = []
     blind = sorted(b for b, d in loads.items() if ema_only(d))
@@ -295,20 +301,10 @@ def data_notes(
             f"loads are the EMAs, with the share of the planner's moves an EMA has not taken in "
             f"yet, and at least their top bundles"
         )
-    unreported = sum(
-        1
-        for m in state.moves
-        if any(
-            (data := loads.get(b)) is not None and data.updated_at_ms <= m.at_ms
-            for b in (m.src, m.dst)
-            if b is not None
-        )
-        and snapshot.owners.get(m.bundle) not in (None, m.src)
-    )
-    if unreported:
+    if est.from_memory:
         notes.append(
-            f"{unreported} move(s) newer than their brokers' latest reports, counted from the "
-            f"planner's memory"
+            f"{est.from_memory} move(s) newer than their brokers' latest reports, counted from "
+            f"the planner's memory"
         )
     return notes
 
