@@ -160,6 +160,11 @@ class HttpServer:
             await self._serve(reader, writer, name, tls)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
             pass
+        except asyncio.CancelledError:
+            # close() cancels the connection and awaits it. Ending normally matters on 3.11:
+            # StreamReaderProtocol's done callback calls task.exception(), which on a cancelled
+            # task raises and is logged as "Exception in callback" for every dropped connection.
+            pass
         finally:
             self._connections.discard(task)
             writer.close()
