@@ -616,7 +616,8 @@ class SheddingSettings(Section):
     once on what a spike cannot cause (an imbalance the load EMAs show, or one made by bundles
     changing owner)."""
     max_brokers_per_cycle: int = Field(default=_SHEDDING.max_brokers_per_cycle, ge=1)
-    """Broker pairs (or overloaded brokers) handled per cycle; bounds the disruption of a cycle."""
+    """Broker pairs (or overloaded brokers) handled per cycle; bounds the disruption of a cycle.
+    cluster_planner takes moves from up to a quarter of the brokers, or this many when more."""
     cooldown_s: int = Field(default=_SHEDDING.cooldown_s, ge=0)
     """A broker unloaded less than this before its latest load report is left alone, giving its
     load time to reflect the move (Pulsar loadBalanceSheddingDelayInSeconds)."""

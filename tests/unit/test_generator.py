@@ -87,6 +87,8 @@ PINNED = {
     (4, 0.25): "an overloaded broker under target started a whole rebalance (20 moves against 10)",
     (25, 0.25): "the same on 129 brokers (46 moves against 12)",
     (65, 0.10): "a skew the EMAs showed waited out the hit count; EMA-only brokers (4 cycles)",
+    (10, 0.10): "three source brokers a cycle on 70 brokers (7 cycles)",
+    (14, 0.10): "three source brokers a cycle on 21 brokers (4 cycles)",
 }
 
 

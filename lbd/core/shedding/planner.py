@@ -42,8 +42,9 @@ The plan:
   or underloaded broker alone (the spread under target) is relieved or filled, and the rest of
   the cluster left as it is: every move is one the clients feel. A move that would not lower the
   variance is never made, so the projected std only falls.
-- **Limits.** At most ``max_brokers_per_cycle`` source brokers and ``max_moves_per_broker`` moves
-  in or out of any one broker per cycle; never a broker's last bundle; never a bundle in its grace
+- **Limits.** At most ``max_brokers_per_cycle`` source brokers, or a quarter of the brokers when
+  that is more (:data:`SOURCE_SHARE`), and ``max_moves_per_broker`` moves in or out of any one
+  broker per cycle; never a broker's last bundle; never a bundle in its grace
   period, nor one another broker owns; never a bundle back to a broker it left less than
   :data:`PING_PONG_WINDOW_MS` ago.
 
@@ -83,6 +84,11 @@ does not bring the cluster straight back over it. Not lower: every move past the
 move the clients feel, and a tighter spread is what a lower ``target_std`` asks for."""
 PING_PONG_WINDOW_MS = 3_600_000
 """A bundle never goes back to a broker it left less than this ago (one hour)."""
+SOURCE_SHARE = 0.25
+"""The planner takes moves from up to this share of the brokers in one cycle, or from
+``max_brokers_per_cycle`` of them when that is more. Pulsar's three sources a cycle bound a
+shedder that moves pairs one at a time; the planner plans one episode of least movement, and three
+sources a cycle left a 98-broker cluster 14 cycles filling 42 new brokers (docs/balancing.md)."""
 SOURCES_TRIED = 4
 """Most loaded brokers considered as the source of each move."""
 DESTINATIONS_TRIED = 6
@@ -202,6 +208,11 @@ def _unabsorbed_moves(
             delta[broker] = delta.get(broker, 0.0) + sign * move.throughput * share
         newer += unreported
     return delta, newer
+
+
+def source_limit(config: SheddingConfig, brokers: int) -> int:
+    """How many brokers one cycle takes moves from (:data:`SOURCE_SHARE`)."""
+    return max(config.max_brokers_per_cycle, math.ceil(SOURCE_SHARE * brokers))
 
 
 def planning_goal(config: SheddingConfig) -> float:
@@ -384,6 +395,7 @@ class _Plan:
             self.throughput.update((b.bundle, b.msg_throughput) for b in reported)
             self.holding[broker] = len(snapshot.owned_bundles(broker))
         self.sources: set[BrokerId] = set()
+        self._source_limit = source_limit(config, len(self.order))
         self.moves_of: Counter[BrokerId] = Counter()
         self.decisions: list[UnloadDecision] = []
 
@@ -475,10 +487,7 @@ class _Plan:
         for broker in descending:
             if only is not None and broker not in only:
                 continue
-            if (
-                broker not in self.sources
-                and len(self.sources) >= self.config.max_brokers_per_cycle
-            ):
+            if broker not in self.sources and len(self.sources) >= self._source_limit:
                 continue
             if (
                 self.moves_of[broker] >= cap
