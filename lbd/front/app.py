@@ -63,33 +63,42 @@ def sidecar_of(settings: Settings) -> str:
 def advertised_urls(settings: Settings) -> Redirect:
     """The URLs clients are given for this broker."""
     f = settings.front
-    plain = f.advertised_url or (f"pulsar://{f.addr}" if f.addr else "")
-    tls = f.advertised_url_tls or (f"pulsar+ssl://{f.tls_addr}" if f.tls_addr else "")
-    for url, key in ((plain, "front.addr"), (tls, "front.tls_addr")):
-        host = url.partition("://")[2].rpartition(":")[0]
-        if host in ("0.0.0.0", "[::]") or url.endswith(":0"):
-            raise InvalidInputError(
-                f"{key} does not name an address clients can reach ({url}): set "
-                f"{key.replace('addr', 'advertised_url')}"
-            )
-    return Redirect(plain, tls)
+    return Redirect(
+        _advertised("pulsar", f.addr, f.advertised_url, "addr", "advertised_url"),
+        _advertised(
+            "pulsar+ssl", f.tls_addr, f.advertised_url_tls, "tls_addr", "advertised_url_tls"
+        ),
+    )
 
 
 def advertised_web(settings: Settings) -> WebUrls:
     """The URLs of this broker's web service handed out in lookups."""
     f = settings.front
-    plain = f.advertised_web_url or (f"http://{f.web_addr}" if f.web_addr else "")
-    tls = f.advertised_web_url_tls or (f"https://{f.web_tls_addr}" if f.web_tls_addr else "")
-    for url, key, advertised in (
-        (plain, "front.web_addr", "front.advertised_web_url"),
-        (tls, "front.web_tls_addr", "front.advertised_web_url_tls"),
-    ):
-        host = url.partition("://")[2].rpartition(":")[0]
-        if host in ("0.0.0.0", "[::]") or url.endswith(":0"):
-            raise InvalidInputError(
-                f"{key} does not name an address clients can reach ({url}): set {advertised}"
-            )
-    return WebUrls(plain, tls)
+    return WebUrls(
+        _advertised("http", f.web_addr, f.advertised_web_url, "web_addr", "advertised_web_url"),
+        _advertised(
+            "https",
+            f.web_tls_addr,
+            f.advertised_web_url_tls,
+            "web_tls_addr",
+            "advertised_web_url_tls",
+        ),
+    )
+
+
+def _advertised(
+    scheme: str, addr: str | None, advertised: str | None, addr_key: str, advertised_key: str
+) -> str:
+    """``advertised``, else ``scheme://addr`` ("" without either); InvalidInputError when that
+    names no address a client can reach (a wildcard host or port 0)."""
+    url = advertised or (f"{scheme}://{addr}" if addr else "")
+    host = url.partition("://")[2].rpartition(":")[0]
+    if host in ("0.0.0.0", "[::]") or url.endswith(":0"):
+        raise InvalidInputError(
+            f"front.{addr_key} does not name an address clients can reach ({url}): set "
+            f"front.{advertised_key}"
+        )
+    return url
 
 
 def credentials_of(settings: Settings) -> ClientCredentials:

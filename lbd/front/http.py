@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import json
 import logging
@@ -29,6 +28,7 @@ from http import HTTPStatus
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from lbd.core.errors import LbdError
+from lbd.front.server import listen
 
 _log = logging.getLogger(__name__)
 
@@ -118,22 +118,20 @@ class HttpServer:
         for name, (addr, context) in self._listen.items():
             if addr is None:
                 continue
-            host, _, port = addr.rpartition(":")
-            accept = functools.partial(self._accept, tls=context is not None)
             try:
-                server = await asyncio.start_server(
-                    accept,
-                    host.strip("[]"),
-                    int(port),
-                    ssl=context,
-                    reuse_address=True,
-                    limit=MAX_HEAD_BYTES,
+                server = await listen(
+                    addr,
+                    functools.partial(
+                        asyncio.start_server,
+                        functools.partial(self._accept, tls=context is not None),
+                        ssl=context,
+                        reuse_address=True,
+                        limit=MAX_HEAD_BYTES,
+                    ),
                 )
-            except OSError as e:
+            except LbdError:
                 await self.close()
-                if e.errno == errno.EADDRINUSE:
-                    raise LbdError(f"cannot listen on {addr}: the port is in use") from None
-                raise LbdError(f"cannot listen on {addr}: {e.strerror or e}") from None
+                raise
             self._servers.append(server)
             self.ports[name] = server.sockets[0].getsockname()[1]
 

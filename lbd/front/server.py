@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import functools
 import logging
 import os
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,20 @@ class Limits:
     max_connections_per_peer: int = 1_000
     handshake_timeout_s: float = 10.0
     keepalive_interval_s: float = 30.0
+
+
+async def listen(
+    addr: str, start: Callable[[str, int], Awaitable[asyncio.Server]]
+) -> asyncio.Server:
+    """``start(host, port)`` of ``addr`` (``host:port``, ``[v6]:port``); LbdError naming the
+    address when it cannot be bound (the port in use said so)."""
+    host, _, port = addr.rpartition(":")
+    try:
+        return await start(host.strip("[]"), int(port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise LbdError(f"cannot listen on {addr}: the port is in use") from None
+        raise LbdError(f"cannot listen on {addr}: {e.strerror or e}") from None
 
 
 class ReloadingTls:
@@ -120,20 +136,19 @@ class FrontServer:
         ):
             if addr is None:
                 continue
-            host, _, port = addr.rpartition(":")
             try:
-                server = await loop.create_server(
-                    lambda tls=context is not None: self._connection(tls),
-                    host.strip("[]"),
-                    int(port),
-                    ssl=context,
-                    reuse_address=True,
+                server = await listen(
+                    addr,
+                    functools.partial(
+                        loop.create_server,
+                        functools.partial(self._connection, context is not None),
+                        ssl=context,
+                        reuse_address=True,
+                    ),
                 )
-            except OSError as e:
+            except LbdError:
                 await self.close()
-                if e.errno == errno.EADDRINUSE:
-                    raise LbdError(f"cannot listen on {addr}: the port is in use") from None
-                raise LbdError(f"cannot listen on {addr}: {e.strerror or e}") from None
+                raise
             self._servers.append(server)
             self.ports[name] = server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep(), name="front-keepalive")
