@@ -93,9 +93,9 @@ def converged(cluster: Cluster, witness: str) -> None:
 
 def test_a_paused_follower_sidecars_broker_stops_before_its_bundles_move(cluster: Cluster) -> None:
     leader = cluster.client().leader().broker_id
-    # The assigner, not the sidecar asked, chose the owners: a follower that owns something.
-    owners = set(cluster.owners(NAMESPACE, via=leader).values())
-    victim = next(b for b in cluster.broker_ids if b != leader and b in owners)
+    # The assigner, not the sidecar asked, chose the owners: a follower that owns something
+    # (moved there first when the assigner placed every bundle on the leader's broker).
+    victim = victim_owning(cluster, NAMESPACE, leader)
     pause_sidecar(cluster, victim, witness=leader)
     converged(cluster, leader)
     assert_served_once(cluster)
