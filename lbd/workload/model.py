@@ -66,10 +66,13 @@ CPU_SHARE = 0.8
 """CPU usage as a share of the bandwidth usage: the load is bandwidth-bound."""
 
 
-def usage_of(load: float, throughput: float, bundles: int) -> BrokerUsage:
+def usage_of(
+    load: float, throughput: float, bundles: int, capacity_mbit: float = 100.0
+) -> BrokerUsage:
     """What a broker carrying ``load`` (share of its capacity, 0..1+) and ``throughput`` (bytes/s
-    in plus out, half each way) over ``bundles`` bundles reports."""
-    bandwidth = ResourceUsage(100.0 * load, 100.0)
+    in plus out, half each way) over ``bundles`` bundles reports; its bandwidth against its
+    network capacity, ``capacity_mbit`` each way (as a broker front reports its link)."""
+    bandwidth = ResourceUsage(capacity_mbit * load, capacity_mbit)
     each_way = throughput / 2
     return BrokerUsage(
         cpu=ResourceUsage(100.0 * CPU_SHARE * load, 100.0),
@@ -212,7 +215,8 @@ class LoadModel:
             last = self.loads.get(broker)
             if last is not None and self.now_ms - last.updated_at_ms < every_ms:
                 continue
-            usage = usage_of(load, throughputs[broker], len(owned[broker]))
+            capacity_mbit = self.capacity[broker] * 8
+            usage = usage_of(load, throughputs[broker], len(owned[broker]), capacity_mbit)
             previous = self.loads.get(broker, BrokerLoadData(broker=broker))
             data = previous.update(usage, self._weights, self.now_ms)
             if broker in self.ema_only:

@@ -227,9 +227,11 @@ def test_the_latest_raw_sample_corrects_the_lagging_average() -> None:
 def test_brokers_of_different_sizes_end_equally_loaded() -> None:
     # "small" pays 2% of load per MB/s, "big" 0.5%: 8 bundles of 5 MB/s put small at 0.8, big's
     # 2 at 0.05. Six moves leave both at 0.2; converting with the source's ratio on both sides (as
-    # Pulsar's TransferShedder does) would stop at three, with small still at 0.5.
+    # Pulsar's TransferShedder does) would stop at three, with small still at 0.5. (At a target of
+    # 0.05 the planning goal asks for the sixth: five leave 0.3 against 0.175.)
     snapshot = cluster({"small": [5] * 8, "big": [5] * 2}, per_byte={"small": 0.02, "big": 0.005})
-    result, _ = plan_shed(snapshot, CONFIG, ShedderState(), NOW, random.Random(1))
+    config = replace(CONFIG, target_std=0.05)
+    result, _ = plan_shed(snapshot, config, ShedderState(), NOW, random.Random(1))
     assert len(result.decisions) == 6
     est = estimate(snapshot, _loads(snapshot), ShedderState())
     assert est is not None
@@ -446,3 +448,50 @@ def test_scenario_files_carry_the_placement_rules() -> None:
     assert parse_scenario(doc).snapshot.allowed_destinations == snapshot.allowed_destinations
     with pytest.raises(InvalidInputError, match=r'allowed_destinations\["x"\]: expected an array'):
         parse_scenario({**doc, "allowed_destinations": {"x": "c"}})
+
+
+def test_bundles_placed_by_lookups_count_on_a_broker_whose_report_does_not_show_them() -> None:
+    # c leaves; lookups place its 40 MB/s bundle on a, whose latest report (only its EMAs, sent
+    # before the placement) does not show it. The planner saw c report it in the previous cycle.
+    gone = bundle("c", 0)
+    spec = {"a": [10.0] * 4, "b": [10.0] * 4, "c": [40.0]}
+    owners = {
+        bundle(broker, i): BrokerId(broker) for broker, s in spec.items() for i in range(len(s))
+    }
+    before = cluster(spec, owners=owners)
+    _, first = plan_shed(before, CONFIG, ShedderState(), NOW, random.Random(1))
+    assert first.rates_seen[gone] == pytest.approx(40 * MB)
+    after = LoadSnapshot(
+        brokers={BrokerId("a"): before.brokers["a"], BrokerId("b"): before.brokers["b"]},
+        top_bundles={k: v for k, v in before.top_bundles.items() if k != "c"},
+        owners={**owners, gone: BrokerId("a")},
+    )
+    later = NOW + 60_000
+    result, state = plan_shed(after, CONFIG, first, later, random.Random(1))
+    est = estimate(after, _loads(after), state)
+    assert est is not None and est.loads == pytest.approx({"a": 0.8, "b": 0.4})
+    assert {(d.src, d.dst) for d in result.decisions} == {("a", "b")}
+    # Without the previous cycle's view the same reports look balanced.
+    blind, _ = plan_shed(after, CONFIG, ShedderState(), later, random.Random(1))
+    assert not blind.decisions
+
+
+def test_a_new_broker_of_unknown_size_is_not_filled_past_the_others() -> None:
+    # "new" reports only its EMAs and carries nothing yet: its load per byte is a guess. It is
+    # in fact small (2% per MB/s, as "small"): filled at the median ratio (1.5%) it would end
+    # over the others; filled at the worst ratio measured it does not.
+    snapshot = cluster(
+        {"big": [10] * 8, "small": [10] * 2, "new": []}, per_byte={"big": 0.01, "small": 0.02}
+    )
+    est = estimate(snapshot, _loads(snapshot), ShedderState())
+    assert est is not None and est.guessed == {"new"}
+    assert est.fill_per_byte(BrokerId("new")) == pytest.approx(0.02 / MB)
+    result, _ = plan_shed(snapshot, CONFIG, ShedderState(), NOW, random.Random(1))
+    true_per_byte = {"big": 0.01 / MB, "small": 0.02 / MB, "new": 0.02 / MB}
+    true = {b: est.loads[b] for b in est.loads}
+    for d in result.decisions:
+        assert d.dst is not None
+        t = 10 * MB
+        true[d.src] -= t * true_per_byte[d.src]
+        true[d.dst] += t * true_per_byte[d.dst]
+    assert result.decisions and true["new"] <= max(true["big"], true["small"]) + 1e-9

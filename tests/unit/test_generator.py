@@ -89,6 +89,9 @@ PINNED = {
     (65, 0.10): "a skew the EMAs showed waited out the hit count; EMA-only brokers (4 cycles)",
     (10, 0.10): "three source brokers a cycle on 70 brokers (7 cycles)",
     (14, 0.10): "three source brokers a cycle on 21 brokers (4 cycles)",
+    (57, 0.10): "orphans placed on EMA-only brokers went unseen after a leave (16 cycles)",
+    (61, 0.10): "the same with every broker reporting only its EMAs (never under target)",
+    (71, 0.10): "the same on 76 brokers, 36 of them EMA-only (never under target)",
 }
 
 

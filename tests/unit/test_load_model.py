@@ -106,3 +106,13 @@ def test_usage_is_bandwidth_bound_with_cpu_at_80_percent_of_it() -> None:
     assert usage.bandwidth_in.percent() == pytest.approx(50.0)
     assert usage.cpu.percent() == pytest.approx(40.0)
     assert usage.msg_rate_in == pytest.approx(1.0) and usage.bundle_count == 3
+
+
+def test_a_broker_reports_its_bandwidth_against_its_own_capacity() -> None:
+    # As a broker front reports its link: the planner sizes a broker it has no traffic
+    # measurement of yet (a new one) by the capacity it reports.
+    m = LoadModel({A: 100.0, B: 250.0}, {X: 40 * MB}, {X: A})
+    m.report()
+    assert m.loads[A].usage.bandwidth_in.limit == pytest.approx(800.0)
+    assert m.loads[B].usage.bandwidth_out.limit == pytest.approx(2000.0)
+    assert m.loads[A].usage.bandwidth_in.percent() == pytest.approx(100 * m.carried()[A])

@@ -136,13 +136,17 @@ class UnloadDecision:
 
 @dataclass(frozen=True, slots=True)
 class PastMove:
-    """A bundle a strategy moved, with the traffic it carried then (bytes/s in plus out)."""
+    """A bundle a strategy moved (or saw change owner), with the traffic it carried then (bytes/s
+    in plus out)."""
 
     bundle: BundleId
     src: BrokerId
     dst: BrokerId | None
     throughput: float
     at_ms: int
+    own: bool = True
+    """Made by the strategy; False: a change of owner it saw in the ownership table (a lookup
+    placed an orphan, an operator moved the bundle), remembered only for the load it moved."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +179,15 @@ class ShedderState:
     balancing: bool = False
     """A balancing episode (the spread over target) is under way: it goes on until the spread is
     under the planning goal (cluster_planner)."""
+    owners_seen: Mapping[BundleId, BrokerId] = field(default_factory=dict)
+    """The ownership table at the previous cycle (cluster_planner: which bundles changed owner
+    since, by lookups, operators or failover, not by its own moves)."""
+    rates_seen: Mapping[BundleId, float] = field(default_factory=dict)
+    """Each owned bundle's throughput as the previous cycle could tell it: as its owner reported
+    it among its top bundles, else its owner's throughput beyond them shared by its other
+    bundles (cluster_planner: what a bundle that changed owner brought)."""
+    seen_at_ms: int = 0
+    """When the previous cycle ran (cluster_planner; 0: none yet)."""
 
 
 @dataclass(frozen=True, slots=True)
