@@ -26,7 +26,10 @@ duplicated messages, latencies, lookups per event; and one front's overhead), ``
 from etcd only and from the channel only, a broker from its sidecar, the leader from the channel,
 a host from the servers, flaky links; what the clients lost and how soon the cluster was whole
 again), ``rest`` (HTTP lookups on a broker's web port, Pulsar's REST API, against gRPC Lookups on
-its sidecar, same cluster, same run).
+its sidecar, same cluster, same run), ``balance-live`` (5 brokers under real producers and
+consumers, then 5 more: the std of the load the brokers carry every 10 s from their load
+reports, cycles and minutes until it is under target beside Pulsar's published 5 minutes, the
+moves, the moved topics' send latency; every interval a fifth of the default, stated).
 
 The suites in ``FIGURE_SUITES`` also give figures, each set against a baseline: measured in the
 same run where there is one (the lookup suite's trivial grpc.aio server), else the goal. After
@@ -43,6 +46,7 @@ from rich.table import Table
 
 from bench import (
     assign_bench,
+    balance_live_bench,
     broker_cache_bench,
     channel_bench,
     clients_bench,
@@ -87,6 +91,7 @@ SUITES = (
     "clients",
     "partitions",
     "rest",
+    "balance-live",
 )
 FIGURE_SUITES = (
     "lookup",
@@ -99,6 +104,7 @@ FIGURE_SUITES = (
     "clients",
     "partitions",
     "rest",
+    "balance-live",
 )
 """The suites with a ``figures(result)``, which ``--figures`` runs. A suite joins with its name
 here and, after its own table in :func:`main`, ``figures += <its module>.figures(result)``."""
@@ -242,6 +248,12 @@ def main() -> None:
             partitions = partitions_bench.run(scale=scale)
         console.print(partitions_bench.table(partitions))
         figures += partitions_bench.figures(partitions)
+    if "balance-live" in suites:
+        with console.status("balance-live: 5 brokers under real clients, then 5 more..."):
+            live = balance_live_bench.run(quick=args.quick)
+        console.print(balance_live_bench.samples_table(live))
+        console.print(balance_live_bench.table(live))
+        figures += balance_live_bench.figures(live)
     if figures:
         console.print(figures_table("figures against their baselines", figures))
 

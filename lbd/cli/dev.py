@@ -17,6 +17,7 @@ from lbd.devcluster.cluster import (
     DEFAULT_NAMESPACE,
     DevCluster,
     DevClusterSpec,
+    add_brokers,
     down,
     load_cluster,
     up,
@@ -25,7 +26,8 @@ from lbd.devcluster.links import Mode, link_status, set_links
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``lbd dev up``, ``lbd dev down``, ``lbd dev addr`` and ``lbd dev env``."""
+    """Add ``lbd dev up``, ``lbd dev add``, ``lbd dev down``, ``lbd dev addr`` and ``lbd dev
+    env``."""
     group = sub.add_parser("dev", help="a local cluster for trying lbd out", description=__doc__)
     verbs = group.add_subparsers(dest="dev_command", metavar="VERB", required=True)
 
@@ -81,6 +83,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--flaky", type=float, metavar="SECONDS", help="pass, then stall, in turn")
     p.set_defaults(func=run_link)
 
+    p = verbs.add_parser(
+        "add",
+        help="add brokers (a sidecar and a broker front each) to the running local cluster",
+        description="The new brokers join empty, as when a cluster scales out: the leader's "
+        "shedding moves bundles to them. Not for a --secure or --links cluster.",
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
+    p.add_argument("--brokers", type=int, default=1, metavar="N", help="how many (default 1)")
+    p.set_defaults(func=run_add)
+
     p = verbs.add_parser("down", help="stop the local cluster (idempotent)")
     p.add_argument("--state-dir", type=Path, required=True, metavar="DIR")
     p.set_defaults(func=run_down)
@@ -122,6 +134,14 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"starting {spec.brokers} sidecars and brokers in {args.state_dir} ...", flush=True)
     cluster = up(args.state_dir, spec)
     print(usage(cluster, args.state_dir))
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    """Add brokers to the running cluster and print them."""
+    cluster = add_brokers(args.state_dir, args.brokers)
+    for node in cluster.nodes[-args.brokers :]:
+        print(f"{node.broker_id}: sidecar {node.grpc_addr}  broker {node.service_url or '-'}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A local cluster on loopback ports: ``lbd dev up`` and ``lbd dev down``.
+"""A local cluster on loopback ports: ``lbd dev up``, ``lbd dev add`` and ``lbd dev down``.
 
 ``up`` starts a detached *supervisor* (:mod:`lbd.devcluster.supervisor`) in a session of its own
 and waits until it reports the cluster ready; the supervisor starts etcd, pulsar-lite (the state
@@ -8,7 +8,8 @@ broker``, with ``--sim-brokers``), each a child that dies with it, with ``--traf
 clients (``lbd load``), writes ``cluster.json`` (every endpoint, pid and log) and then waits for
 SIGTERM. ``down`` sends the supervisor SIGTERM, which stops the load, the brokers, the sidecars,
 the storage, pulsar-lite and etcd in that order; after a bound it uses SIGKILL, and kills
-whatever recorded process is still alive.
+whatever recorded process is still alive. ``add_brokers`` asks the running supervisor (through a
+request file it polls) to start more sidecars and brokers, as a cluster scales out.
 
 The state directory holds everything: ``cluster.json``, ``supervisor.pid``, ``supervisor.log``,
 and one directory per process with its data and log. Each ``up`` starts a fresh cluster: the
@@ -51,6 +52,11 @@ TRAFFIC_RATE = 20.0
 MARKER = "lbd-dev-cluster"
 CLUSTER_FILE = "cluster.json"
 PID_FILE = "supervisor.pid"
+ADD_REQUEST_FILE = "add-brokers.json"
+"""A request to the supervisor to add brokers: ``{"id": ..., "count": N}``."""
+ADD_RESULT_FILE = "add-brokers.result.json"
+"""The supervisor's answer to the latest request: ``{"id": ..., "error": ""}``."""
+MAX_BROKERS = 32
 SUPERVISOR_LOG = "supervisor.log"
 
 START_TIMEOUT_S = 90.0
@@ -103,8 +109,10 @@ class DevClusterSpec:
     (:mod:`lbd.devcluster.links`)."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.brokers <= 32:
-            raise InvalidInputError(f"--brokers must be between 1 and 32, got {self.brokers}")
+        if not 1 <= self.brokers <= MAX_BROKERS:
+            raise InvalidInputError(
+                f"--brokers must be between 1 and {MAX_BROKERS}, got {self.brokers}"
+            )
         if self.namespace_bundles < 1:
             raise InvalidInputError(f"namespace bundles must be >= 1, got {self.namespace_bundles}")
 
@@ -393,6 +401,49 @@ def up(state_dir: Path, spec: DevClusterSpec, timeout_s: float = START_TIMEOUT_S
         raise
 
 
+def add_brokers(state_dir: Path, count: int, timeout_s: float = START_TIMEOUT_S) -> DevCluster:
+    """Add ``count`` brokers (a sidecar and a broker each, named after the last) to the dev
+    cluster running from ``state_dir``; return its record once every sidecar lists them.
+
+    The supervisor starts them as it started the others (they stop with the cluster). Raises
+    NotFoundError when no cluster is up there, InvalidInputError for a count past
+    :data:`MAX_BROKERS` in all, LbdError (with the supervisor's log) when they fail to start or
+    the cluster is ``--secure`` or ``--links`` (whose certificates and proxies are made at
+    start-up).
+    """
+    cluster = load_cluster(state_dir)
+    total = len(cluster.nodes) + count
+    if count < 1 or total > MAX_BROKERS:
+        raise InvalidInputError(
+            f"can add 1 to {MAX_BROKERS - len(cluster.nodes)} brokers to this cluster of "
+            f"{len(cluster.nodes)}, not {count}"
+        )
+    supervisor = _read_pid(state_dir)
+    request_id = f"{os.getpid()}-{time.monotonic_ns()}"
+    request = state_dir / ADD_REQUEST_FILE
+    tmp = request.with_name(f"{ADD_REQUEST_FILE}.tmp")
+    tmp.write_text(json.dumps({"id": request_id, "count": count}), encoding="utf-8")
+    tmp.replace(request)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            answer = json.loads((state_dir / ADD_RESULT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            answer = {}
+        if answer.get("id") == request_id:
+            if answer.get("error"):
+                raise LbdError(f"cannot add brokers: {answer['error']}{_log_tail(state_dir)}")
+            return load_cluster(state_dir)
+        if supervisor is None or not _pid_alive(supervisor):
+            raise LbdError(f"the dev cluster stopped while adding brokers{_log_tail(state_dir)}")
+        if time.monotonic() >= deadline:
+            request.unlink(missing_ok=True)
+            raise LbdError(
+                f"{count} brokers were not added within {timeout_s:g}s{_log_tail(state_dir)}"
+            )
+        time.sleep(_POLL_S)
+
+
 def down(state_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
     """Stop the dev cluster of ``state_dir``; False when nothing was running. Idempotent."""
     if not (state_dir / MARKER).exists():
@@ -416,7 +467,7 @@ def down(state_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
                 stopped = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(record.pid, signal.SIGKILL)
-    for name in (CLUSTER_FILE, PID_FILE):
+    for name in (CLUSTER_FILE, PID_FILE, ADD_REQUEST_FILE, ADD_RESULT_FILE):
         (state_dir / name).unlink(missing_ok=True)
     return stopped
 

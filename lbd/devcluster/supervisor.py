@@ -5,21 +5,28 @@ launcher returns at once (after writing the supervisor's pid), then starts etcd,
 storage pulsar-lite, the sidecars and the broker fronts (or simulated brokers) as its children
 (they die with it), waits until every sidecar is SERVING and sees every broker registered, with
 ``--traffic`` creates and assigns the traffic namespace and starts the clients (``lbd load``),
-and writes ``cluster.json``. It then sleeps until SIGTERM or SIGINT, stops its
-children in reverse order and removes ``cluster.json`` and its pid file. Its own log is
-``supervisor.log``.
+and writes ``cluster.json``. It then waits for SIGTERM or SIGINT, stops its children in
+reverse order and removes ``cluster.json`` and its pid file. Its own log is ``supervisor.log``.
+
+While it waits it serves requests to add brokers (:func:`lbd.devcluster.cluster.add_brokers`,
+``lbd dev add``): the request file names how many; the supervisor starts their sidecars and
+broker fronts (or simulated brokers) as children of its own, as at start-up, waits until every
+sidecar lists them, rewrites ``cluster.json`` with the new nodes and answers in the result file.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +36,8 @@ from lbd.core.errors import LbdError
 from lbd.core.names import NamespaceName
 from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.devcluster.cluster import (
+    ADD_REQUEST_FILE,
+    ADD_RESULT_FILE,
     CLUSTER_FILE,
     CLUSTER_NAME,
     PID_FILE,
@@ -64,6 +73,8 @@ SIDECAR_START_TIMEOUT_S = 60.0
 REGISTRATION_TIMEOUT_S = 30.0
 CHILD_STOP_TIMEOUT_S = 5.0
 _POLL_S = 0.2
+_REQUEST_POLL_S = 0.5
+"""How often the waiting supervisor looks for a request to add brokers."""
 
 
 class _Stop(BaseException):
@@ -124,13 +135,12 @@ def _supervise(state_dir: Path, spec: DevClusterSpec) -> int:
         signal.signal(sig, _raise_stop)
     code = 0
     try:
-        cluster = _start(state_dir, spec, children)
-        tmp = state_dir / f"{CLUSTER_FILE}.tmp"
-        tmp.write_text(cluster.to_json(), encoding="utf-8")
-        tmp.replace(state_dir / CLUSTER_FILE)
+        cluster, servers = _start(state_dir, spec, children)
+        _write_record(cluster)
         _log.info("dev cluster ready: %s", state_dir / CLUSTER_FILE)
         while True:
-            signal.pause()
+            cluster = _serve_add_request(cluster, servers, children)
+            time.sleep(_REQUEST_POLL_S)
     except _Stop as e:
         _log.info("%s: stopping the dev cluster", e)
     except Exception:
@@ -142,14 +152,81 @@ def _supervise(state_dir: Path, spec: DevClusterSpec) -> int:
         for child in reversed(children):
             _log.info("stopping %s", child)
             child.stop(CHILD_STOP_TIMEOUT_S)
-        (state_dir / CLUSTER_FILE).unlink(missing_ok=True)
-        (state_dir / PID_FILE).unlink(missing_ok=True)
+        for name in (CLUSTER_FILE, PID_FILE, ADD_REQUEST_FILE):
+            (state_dir / name).unlink(missing_ok=True)
         _log.info("dev cluster stopped")
     return code
 
 
-def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer]) -> DevCluster:
-    """Start every process (appended to ``children`` as soon as it exists) and wait until ready."""
+def _write_record(cluster: DevCluster) -> None:
+    """Write ``cluster.json`` at once (a reader sees the old record or the new one)."""
+    path = Path(cluster.state_dir) / CLUSTER_FILE
+    tmp = path.with_name(f"{CLUSTER_FILE}.tmp")
+    tmp.write_text(cluster.to_json(), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _serve_add_request(
+    cluster: DevCluster, servers: _Servers, children: list[ManagedServer]
+) -> DevCluster:
+    """Add the brokers a pending request asks for (if any) and answer it in the result file:
+    ``{"id": ..., "error": ""}``, or the error that stopped it (the brokers started by then
+    stay, recorded). The cluster's record as it now is."""
+    state_dir = Path(cluster.state_dir)
+    try:
+        request = json.loads((state_dir / ADD_REQUEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return cluster
+    (state_dir / ADD_REQUEST_FILE).unlink(missing_ok=True)
+    error = ""
+    try:
+        cluster = _add_brokers(cluster, servers, int(request["count"]), children)
+    except (LbdError, KeyError, TypeError, ValueError) as e:
+        _log.error("adding brokers failed: %s", e)
+        error = str(e) or type(e).__name__
+    answer = json.dumps({"id": request.get("id", ""), "error": error})
+    tmp = state_dir / f"{ADD_RESULT_FILE}.tmp"
+    tmp.write_text(answer, encoding="utf-8")
+    tmp.replace(state_dir / ADD_RESULT_FILE)
+    return cluster
+
+
+def _add_brokers(
+    cluster: DevCluster, servers: _Servers, count: int, children: list[ManagedServer]
+) -> DevCluster:
+    """Start ``count`` more sidecars and brokers, wait until every sidecar lists every broker,
+    and record them (written to ``cluster.json`` before this returns)."""
+    spec = servers.spec
+    if spec.secure or spec.links:
+        # Their certificates and proxies are made for the brokers of the start only.
+        raise LbdError("brokers cannot be added to a --secure or --links dev cluster")
+    first = len(cluster.nodes) + 1
+    broker_ids = [f"broker-{i}" for i in range(first, first + count)]
+    ports = iter(free_ports(2 * count))
+    sidecars = [
+        _start_sidecar(servers, b, (next(ports), next(ports)), children) for b in broker_ids
+    ]
+    broker_ports = iter(free_ports(3 * count))
+    brokers = [_start_broker(servers, s, broker_ports, children) for s in sidecars]
+    nodes = (*cluster.nodes, *(_node(s, b) for s, b in zip(sidecars, brokers, strict=True)))
+    addrs = [n.grpc_addr for n in nodes]
+    clients = [SidecarClient(a, credentials=servers.operator, timeout_s=10.0) for a in addrs]
+    try:
+        _wait_registered(clients, len(nodes))
+    finally:
+        for client in clients:
+            client.close()
+    cluster = dataclasses.replace(cluster, nodes=nodes)
+    _write_record(cluster)
+    _log.info("added %s", ", ".join(broker_ids))
+    return cluster
+
+
+def _start(
+    state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer]
+) -> tuple[DevCluster, _Servers]:
+    """Start every process (appended to ``children`` as soon as it exists) and wait until
+    ready; the cluster's record, and what starting more brokers later needs."""
     for old in (
         *state_dir.glob("broker-*"),
         state_dir / "etcd",
@@ -188,7 +265,6 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         storage.start()
         _log.info("storage pulsar-lite at %s", storage.service_url)
 
-    env = settings_env(spec.settings)
     operator = _operator_credentials(spec, security)
     ports = iter(free_ports(2 * spec.brokers))
     sidecar_ports = {b: (next(ports), next(ports)) for b in broker_ids}
@@ -198,63 +274,11 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         children.append(links)
         links.start()
         _log.info("%d links behind proxies, control at %s", len(links.specs), links.control_addr)
+    servers = _Servers(state_dir, spec, etcd, pulsar, storage, security, links, operator)
 
-    def via(name: str, url: str) -> str:
-        return url if links is None else links.url(name, url)
-
-    sidecars: list[SidecarProcess] = []
-    for broker_id in broker_ids:
-        own = {} if security is None else security.sidecar_settings(broker_id)
-        grpc_port, metrics_port = sidecar_ports[broker_id]
-        sidecar = SidecarProcess(
-            state_dir / broker_id,
-            broker_id=broker_id,
-            grpc_port=grpc_port,
-            metrics_port=metrics_port,
-            cluster=CLUSTER_NAME,
-            etcd_endpoint=via(f"{broker_id}/etcd", etcd.client_url),
-            pulsar_url=via(f"{broker_id}/channel", pulsar.service_url),
-            env=settings_env({**spec.settings, **own}),
-            start_timeout_s=SIDECAR_START_TIMEOUT_S,
-            credentials=operator,
-        )
-        children.append(sidecar)
-        sidecar.start()
-        sidecars.append(sidecar)
-        _log.info("sidecar %s serving at %s", sidecar.broker_id, sidecar.grpc_addr)
-
-    brokers: list[SimBrokerProcess | FrontProcess] = []
+    sidecars = [_start_sidecar(servers, b, sidecar_ports[b], children) for b in broker_ids]
     broker_ports = iter(free_ports(3 * spec.brokers))
-    for sidecar in sidecars:
-        broker: SimBrokerProcess | FrontProcess
-        if storage is None:
-            broker = SimBrokerProcess(
-                sidecar.workdir,
-                broker_id=sidecar.broker_id,
-                sidecar_addr=via(f"{sidecar.broker_id}/sidecar", sidecar.grpc_addr),
-                msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
-                seed=0,  # one seed for all: a bundle's traffic moves with it
-                env=env,  # with grpc.admin_token set, the broker presents it
-                credentials=(
-                    INSECURE if security is None else security.broker_credentials(sidecar.broker_id)
-                ),
-            )
-        else:
-            broker = FrontProcess(
-                sidecar.workdir,
-                broker_id=sidecar.broker_id,
-                port=next(broker_ports),
-                metrics_port=next(broker_ports),
-                web_port=next(broker_ports),
-                cluster=CLUSTER_NAME,
-                sidecar_addr=via(f"{sidecar.broker_id}/sidecar", sidecar.grpc_addr),
-                storage_url=via(f"{sidecar.broker_id}/storage", storage.service_url),
-                env=env,  # with grpc.admin_token set, the broker presents it
-                tls=None if security is None else _front_tls(security, sidecar.broker_id),
-            )
-        children.append(broker)
-        broker.start()
-        brokers.append(broker)
+    brokers = [_start_broker(servers, s, broker_ports, children) for s in sidecars]
 
     clients = [SidecarClient(s.grpc_addr, credentials=operator, timeout_s=10.0) for s in sidecars]
     try:
@@ -274,7 +298,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         children.append(load)
         load.start()
 
-    return DevCluster(
+    cluster = DevCluster(
         cluster=CLUSTER_NAME,
         state_dir=str(state_dir),
         etcd_endpoint=etcd.client_url,
@@ -282,22 +306,7 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         supervisor=_record(os.getpid(), state_dir / SUPERVISOR_LOG),
         etcd=_record(etcd.pid, etcd.log_path),
         pulsar=_record(pulsar.pid, pulsar.log_path),
-        nodes=tuple(
-            NodeRecord(
-                broker_id=sidecar.broker_id,
-                grpc_addr=sidecar.grpc_addr,
-                metrics_addr=sidecar.metrics_addr,
-                sidecar=_record(sidecar.pid, sidecar.log_path),
-                broker=_record(broker.pid, broker.log_path),
-                events_file=str(broker.events_path),
-                service_url=broker.service_url if isinstance(broker, FrontProcess) else "",
-                broker_metrics_addr=(
-                    broker.metrics_addr if isinstance(broker, FrontProcess) else ""
-                ),
-                web_url=broker.web_url if isinstance(broker, FrontProcess) else "",
-            )
-            for sidecar, broker in zip(sidecars, brokers, strict=True)
-        ),
+        nodes=tuple(_node(s, b) for s, b in zip(sidecars, brokers, strict=True)),
         settings=dict(spec.settings),
         client=_client_record(operator),
         storage_url=storage.service_url if storage is not None else "",
@@ -307,6 +316,111 @@ def _start(state_dir: Path, spec: DevClusterSpec, children: list[ManagedServer])
         links_control=links.control_addr if links is not None else "",
         links={n: s.target for n, s in links.specs.items()} if links is not None else {},
         links_process=_record(links.pid, links.log_path) if links is not None else None,
+    )
+    return cluster, servers
+
+
+@dataclass(frozen=True, slots=True)
+class _Servers:
+    """What a node of the cluster is started against: the shared servers, the security and
+    links of the cluster, and the operator's credentials."""
+
+    state_dir: Path
+    spec: DevClusterSpec
+    etcd: EtcdServer
+    pulsar: PulsarLiteServer
+    storage: PulsarLiteServer | None
+    security: DevSecurity | None
+    links: LinksProcess | None
+    operator: ClientCredentials
+
+    def via(self, name: str, url: str) -> str:
+        """``url``, or the proxy of the link ``name`` in front of it (``--links``)."""
+        return url if self.links is None else self.links.url(name, url)
+
+
+def _start_sidecar(
+    servers: _Servers,
+    broker_id: str,
+    ports: tuple[int, int],
+    children: list[ManagedServer],
+) -> SidecarProcess:
+    """Start one sidecar (its gRPC and metrics ports given) and wait until it serves."""
+    security, spec = servers.security, servers.spec
+    own = {} if security is None else security.sidecar_settings(broker_id)
+    grpc_port, metrics_port = ports
+    sidecar = SidecarProcess(
+        servers.state_dir / broker_id,
+        broker_id=broker_id,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        cluster=CLUSTER_NAME,
+        etcd_endpoint=servers.via(f"{broker_id}/etcd", servers.etcd.client_url),
+        pulsar_url=servers.via(f"{broker_id}/channel", servers.pulsar.service_url),
+        env=settings_env({**spec.settings, **own}),
+        start_timeout_s=SIDECAR_START_TIMEOUT_S,
+        credentials=servers.operator,
+    )
+    children.append(sidecar)
+    sidecar.start()
+    _log.info("sidecar %s serving at %s", sidecar.broker_id, sidecar.grpc_addr)
+    return sidecar
+
+
+def _start_broker(
+    servers: _Servers,
+    sidecar: SidecarProcess,
+    ports: Iterator[int],
+    children: list[ManagedServer],
+) -> SimBrokerProcess | FrontProcess:
+    """Start the broker beside ``sidecar``: a front (three of ``ports``), or a simulated broker
+    when the cluster has no storage."""
+    security, spec, storage = servers.security, servers.spec, servers.storage
+    env = settings_env(spec.settings)  # with grpc.admin_token set, the broker presents it
+    broker_id = sidecar.broker_id
+    sidecar_addr = servers.via(f"{broker_id}/sidecar", sidecar.grpc_addr)
+    broker: SimBrokerProcess | FrontProcess
+    if storage is None:
+        broker = SimBrokerProcess(
+            sidecar.workdir,
+            broker_id=broker_id,
+            sidecar_addr=sidecar_addr,
+            msg_rate=TRAFFIC_MSG_RATE if spec.traffic else 0.0,
+            seed=0,  # one seed for all: a bundle's traffic moves with it
+            env=env,
+            credentials=INSECURE if security is None else security.broker_credentials(broker_id),
+        )
+    else:
+        broker = FrontProcess(
+            sidecar.workdir,
+            broker_id=broker_id,
+            port=next(ports),
+            metrics_port=next(ports),
+            web_port=next(ports),
+            cluster=CLUSTER_NAME,
+            sidecar_addr=sidecar_addr,
+            storage_url=servers.via(f"{broker_id}/storage", storage.service_url),
+            env=env,
+            tls=None if security is None else _front_tls(security, broker_id),
+        )
+    children.append(broker)
+    broker.start()
+    return broker
+
+
+def _node(sidecar: SidecarProcess, broker: SimBrokerProcess | FrontProcess) -> NodeRecord:
+    """The record of one started node."""
+    front = broker if isinstance(broker, FrontProcess) else None
+    return NodeRecord(
+        broker_id=sidecar.broker_id,
+        grpc_addr=sidecar.grpc_addr,
+        metrics_addr=sidecar.metrics_addr,
+        sidecar=_record(sidecar.pid, sidecar.log_path),
+        broker=_record(broker.pid, broker.log_path),
+        events_file=str(broker.events_path),
+        service_url=front.service_url if front is not None else "",
+        broker_metrics_addr=front.metrics_addr if front is not None else "",
+        web_url=front.web_url if front is not None else "",
     )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from lbd.cli.main import main
 from lbd.config import Settings, SettingsError, load_settings
-from lbd.core.errors import InvalidInputError, NotFoundError
+from lbd.core.errors import InvalidInputError, LbdError, NotFoundError
 from lbd.devcluster.cluster import (
     DEV_SETTINGS,
     MARKER,
@@ -20,6 +22,7 @@ from lbd.devcluster.cluster import (
     DevClusterSpec,
     NodeRecord,
     ProcessRecord,
+    add_brokers,
     dev_settings,
     down,
     is_alive,
@@ -138,6 +141,44 @@ def test_addr_prints_a_sidecar_address(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "cluster.json").write_text(cluster(tmp_path).to_json())
     assert main(["dev", "addr", "--state-dir", str(tmp_path), "--broker", "broker-2"]) == 0
     assert capsys.readouterr().out == "127.0.0.1:7002\n"
+
+
+def test_adding_brokers_needs_a_running_cluster(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="no dev cluster is up"):
+        add_brokers(tmp_path, 1)
+
+
+@pytest.mark.parametrize("count", [0, -1, 31])
+def test_adding_brokers_is_bounded_and_asks_nothing_of_the_supervisor(
+    tmp_path: Path, count: int
+) -> None:
+    (tmp_path / "cluster.json").write_text(cluster(tmp_path).to_json())
+    with pytest.raises(InvalidInputError, match=f"can add 1 to 30 brokers .* not {count}"):
+        add_brokers(tmp_path, count)
+    assert not (tmp_path / "add-brokers.json").exists()
+
+
+def test_a_refused_addition_raises_the_supervisors_error(tmp_path: Path) -> None:
+    # The "supervisor" is this process: it answers any request at once, with an error.
+    (tmp_path / "cluster.json").write_text(cluster(tmp_path).to_json())
+    (tmp_path / "supervisor.pid").write_text(f"{os.getpid()}\n")
+
+    def answer() -> None:
+        request = tmp_path / "add-brokers.json"
+        while not request.exists():
+            time.sleep(0.01)
+        ident = json.loads(request.read_text())["id"]
+        (tmp_path / "add-brokers.result.json").write_text(
+            json.dumps({"id": ident, "error": "no room"})
+        )
+
+    supervisor = threading.Thread(target=answer)
+    supervisor.start()
+    try:
+        with pytest.raises(LbdError, match="cannot add brokers: no room"):
+            add_brokers(tmp_path, 2, timeout_s=10)
+    finally:
+        supervisor.join()
 
 
 def test_a_corrupt_record_is_an_invalid_input_naming_the_file(tmp_path: Path) -> None:
