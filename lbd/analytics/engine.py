@@ -35,6 +35,11 @@ class BrokerSample:
 
     max_usage: float
     throughput: float
+    ema_only: bool = False
+    """Its reports carry only the EMAs (the load and throughput above are its EMAs): the
+    simulated broker reports the same way."""
+    report_every_s: float = 0.0
+    """It reports at most once in this many seconds: so does the simulated broker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,17 +147,17 @@ def simulate(
             for move in model.apply(result.decisions):
                 kind = DecisionKind.UNLOAD if move.dst is None else DecisionKind.TRANSFER
                 decisions.append(
-                    _decision(now, kind, move, reasons[move.bundle], strategy, stats, alive)
+                    decision_row(now, kind, move, reasons[move.bundle], strategy, stats, alive)
                 )
             for move in model.place_orphans():
                 decisions.append(
-                    _decision(now, DecisionKind.ASSIGN, move, "Lookup", None, stats, alive)
+                    decision_row(now, DecisionKind.ASSIGN, move, "Lookup", None, stats, alive)
                 )
         owners = {b: model.owners[b] for b in step.bundles}
         yield StepOutcome(now, alive, owners, step.bundles, avg, std, tuple(decisions))
 
 
-def _decision(
+def decision_row(
     now: int,
     kind: DecisionKind,
     move: Move,
@@ -161,6 +166,8 @@ def _decision(
     stats: tuple[float, float],
     loads: Mapping[BrokerId, BrokerLoadData],
 ) -> Decision:
+    """The decision recorded for ``move`` (an assignment names no source), with the loads of its
+    brokers as ``loads`` last had them."""
     return Decision(
         now,
         kind,
@@ -200,6 +207,11 @@ def _follow_trace(model: LoadModel, step: TraceStep) -> list[Decision]:
         recorded[sample.owner] += sample.throughput
     for broker, reported in step.brokers.items():
         model.join(broker, 1 / (2 * per_byte * MB) if per_byte else math.inf)
+        if reported.ema_only:
+            model.ema_only.add(broker)
+        else:
+            model.ema_only.discard(broker)
+        model.report_every_s[broker] = reported.report_every_s
         model.background[broker] = reported.max_usage - recorded[broker] * per_byte
         model.background_throughput[broker] = reported.throughput - recorded[broker]
     model.traffic = {b: s.throughput for b, s in step.bundles.items()}

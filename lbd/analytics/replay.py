@@ -6,31 +6,31 @@ Spark task runs each history x strategy x setting through :func:`~lbd.analytics.
 Settings come from a grid over the shedding keys; keys a strategy does not read are left at their
 defaults for it, so no setting is replayed twice.
 
-Ranking, best first: ending under the target std before ending over it (then lower final std);
-then less time spent over target; fewer moves; fewer ping-pongs. ``DIR/ranking.csv`` holds every
-run, ``DIR/recommended.toml`` the winner's ``[shedding]`` keys (DESIGN §9) with the evidence as
-comments, and ``DIR/replay.md`` the comparison of the strategies.
+Runs rank, best first: ending under the target std before ending over it (then lower final std);
+then less time spent over target; fewer moves; fewer ping-pongs. Each strategy and setting is
+then ranked over every history, and the first is the winner (:mod:`lbd.analytics.ranking`, which
+writes ``DIR/ranking.csv``, ``DIR/runs.csv``, ``DIR/recommended.toml`` with the winner's
+``[shedding]`` keys and the evidence, and ``DIR/replay.md``).
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
-import os
 import time
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from lbd.analytics.engine import BrokerSample, BundleSample, Trace, TraceStep, simulate
 from lbd.analytics.history_io import read_history
 from lbd.analytics.progress import spark_progress
+from lbd.analytics.ranking import AVG_SHEDDER_KEYS, RunResult, Standing, standings, write_results
 from lbd.core.balance_metrics import episodes, ping_pongs
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.settings import SheddingConfig
-from lbd.core.shedding import DEFAULT_STRATEGY, STRATEGIES
+from lbd.core.shedding import STRATEGIES
 from lbd.history.schema import DecisionKind
 
 if TYPE_CHECKING:
@@ -44,17 +44,6 @@ DEFAULT_GRID: Mapping[str, tuple[object, ...]] = {
 }
 """The settings tried when no ``--grid`` is given."""
 
-_AVG_SHEDDER_KEYS = frozenset(
-    {
-        "avg_shedder_low_threshold",
-        "avg_shedder_high_threshold",
-        "avg_shedder_hit_count_low_threshold",
-        "avg_shedder_hit_count_high_threshold",
-        "avg_shedder_unload_share",
-        "avg_shedder_min_unload_msg_rate",
-        "avg_shedder_min_unload_throughput",
-    }
-)
 _NOT_READ_BY: Mapping[str, frozenset[str]] = {
     "transfer_shedder": frozenset(
         {
@@ -64,7 +53,7 @@ _NOT_READ_BY: Mapping[str, frozenset[str]] = {
             "min_throughput_threshold",
         }
     )
-    | _AVG_SHEDDER_KEYS,
+    | AVG_SHEDDER_KEYS,
     "threshold_shedder": frozenset(
         {
             "target_std",
@@ -74,7 +63,7 @@ _NOT_READ_BY: Mapping[str, frozenset[str]] = {
             "max_moves_per_broker",
         }
     )
-    | _AVG_SHEDDER_KEYS,
+    | AVG_SHEDDER_KEYS,
     "cluster_planner": frozenset(
         {
             "min_throughput_threshold",
@@ -82,7 +71,7 @@ _NOT_READ_BY: Mapping[str, frozenset[str]] = {
             "lower_boundary_shedding_enabled",
         }
     )
-    | _AVG_SHEDDER_KEYS,
+    | AVG_SHEDDER_KEYS,
     "avg_shedder": frozenset(
         {
             "target_std",
@@ -97,46 +86,6 @@ _NOT_READ_BY: Mapping[str, frozenset[str]] = {
 }
 FINAL_STEPS = 10
 """The final std is the mean std over this many last steps."""
-TOML_KEYS = (
-    "target_std",
-    "hit_count_threshold",
-    "max_brokers_per_cycle",
-    "cooldown_s",
-    "bundle_grace_period_s",
-    "load_data_ttl_s",
-    "transfer_enabled",
-    "min_throughput_threshold",
-    "overloaded_threshold",
-)
-"""The shedding keys of DESIGN §9, written to the recommended config."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """How one strategy and setting did on one history."""
-
-    history: str
-    strategy: str
-    setting: Mapping[str, object]
-    """The grid keys of this run (other keys at their defaults)."""
-    final_std: float
-    seconds_over_target: float
-    episodes: int
-    recovered: int
-    moves: int
-    ping_pongs: int
-    ends_under_target: bool
-
-    def rank_key(self) -> tuple[object, ...]:
-        """Sort key, best first (see the module docstring)."""
-        return (
-            not self.ends_under_target,
-            0.0 if self.ends_under_target else round(self.final_std, 3),
-            self.seconds_over_target,
-            self.moves,
-            self.ping_pongs,
-            self.final_std,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +93,9 @@ class ReplayResult:
     """Every run, ranked, and the files written."""
 
     ranking: tuple[RunResult, ...]
+    """Every run, best first."""
+    standings: tuple[Standing, ...]
+    """Every strategy and setting over every history, best first: the first is the winner."""
     out: str
     seconds: float
 
@@ -193,7 +145,12 @@ def settings_for(strategy: str, grid: Mapping[str, Sequence[object]]) -> list[di
 
 
 def load_traces(spark: SparkSession, history: str, step_s: int) -> list[Trace]:
-    """The history at ``history`` as one trace per cluster, in steps of ``step_s``."""
+    """The history at ``history`` as one trace per cluster, in steps of ``step_s``.
+
+    Two kinds of report are read as the leader reads them: a report without the raw throughput
+    (a broker that reports only the EMAs) stands for its EMA, and a broker that reports less
+    often than every step (its shortest gap between two reports) keeps its last report and
+    bundles until that gap has passed, rather than leaving and coming back."""
     from pyspark.sql import functions as F
 
     h = read_history(spark, history)
@@ -206,6 +163,8 @@ def load_traces(spark: SparkSession, history: str, step_s: int) -> list[Trace]:
             F.max_by(F.col("msg_throughput_in") + F.col("msg_throughput_out"), "ts_ms").alias(
                 "throughput"
             ),
+            F.max_by("load", "ts_ms").alias("load"),
+            F.max_by("msg_throughput_ema", "ts_ms").alias("throughput_ema"),
         )
         .collect()
     )
@@ -218,27 +177,64 @@ def load_traces(spark: SparkSession, history: str, step_s: int) -> list[Trace]:
         )
         .collect()
     )
-    steps: dict[tuple[str, int], tuple[dict[BrokerId, BrokerSample], dict[BundleId, BundleSample]]]
-    steps = {}
+    reports: dict[str, dict[int, dict[BrokerId, _Report]]] = {}
     for r in brokers:
-        entry = steps.setdefault((r["cluster"], r["step"]), ({}, {}))
-        entry[0][BrokerId(r["broker"])] = BrokerSample(r["max_usage"], r["throughput"])
+        at = reports.setdefault(r["cluster"], {}).setdefault(r["step"], {})
+        at[BrokerId(r["broker"])] = _Report(
+            r["max_usage"], r["throughput"], r["load"], r["throughput_ema"]
+        )
     for r in bundles:
-        found = steps.get((r["cluster"], r["step"]))
+        found = reports.get(r["cluster"], {}).get(r["step"], {}).get(BrokerId(r["broker"]))
         # A bundle whose reporter has no load sample in the step cannot be placed: left out.
-        if found is not None and r["broker"] in found[0]:
-            found[1][BundleId(r["bundle"])] = BundleSample(
-                BrokerId(r["broker"]), r["tin"], r["tout"]
-            )
-    traces = []
-    for cluster in sorted({c for c, _ in steps}):
-        keys = sorted(k for k in steps if k[0] == cluster)
-        trace_steps = tuple(TraceStep(k[1], *steps[k]) for k in keys)
-        name = history if len({c for c, _ in steps}) == 1 else f"{history}#{cluster}"
-        traces.append(Trace(name, cluster, trace_steps))
+        if found is not None:
+            found.bundles[BundleId(r["bundle"])] = (r["tin"], r["tout"])
+    traces = [
+        Trace(history if len(reports) == 1 else f"{history}#{cluster}", cluster, _steps(steps))
+        for cluster, steps in sorted(reports.items())
+    ]
     if not any(t.steps and t.steps[0].bundles for t in traces):
         raise InvalidInputError(f"history {history}: no bundle load samples to replay")
     return traces
+
+
+@dataclass(slots=True)
+class _Report:
+    """A broker's last report in one step, and the bundles it reported."""
+
+    max_usage: float
+    throughput: float
+    load: float
+    throughput_ema: float
+    bundles: dict[BundleId, tuple[float, float]] = field(default_factory=dict)
+
+    def sample(self, every_ms: int) -> BrokerSample:
+        every_s = every_ms / 1000
+        if self.throughput > 0 or not self.bundles:
+            return BrokerSample(self.max_usage, self.throughput, report_every_s=every_s)
+        # No raw sample in the report: its EMAs are all the leader knows.
+        return BrokerSample(self.max_usage or self.load, self.throughput_ema, True, every_s)
+
+
+def _steps(reports: Mapping[int, Mapping[BrokerId, _Report]]) -> tuple[TraceStep, ...]:
+    """One cluster's steps, a late reporter's last report held for its usual gap."""
+    seen: dict[BrokerId, list[int]] = {}
+    for at in sorted(reports):
+        for broker in reports[at]:
+            seen.setdefault(broker, []).append(at)
+    gap = {b: min((y - x for x, y in itertools.pairwise(ts)), default=0) for b, ts in seen.items()}
+    last: dict[BrokerId, tuple[int, _Report]] = {}
+    out = []
+    for at in sorted(reports):
+        fresh = reports[at]
+        held = {b: r for b, (t, r) in last.items() if b not in fresh and at - t < gap[b]}
+        last.update((b, (at, r)) for b, r in fresh.items())
+        brokers = {b: r.sample(gap[b]) for b, r in {**held, **fresh}.items()}
+        bundles: dict[BundleId, BundleSample] = {}
+        for broker, report in [*held.items(), *fresh.items()]:  # a fresh report wins
+            for bundle, (tin, tout) in report.bundles.items():
+                bundles[bundle] = BundleSample(broker, tin, tout)
+        out.append(TraceStep(at, brokers, bundles))
+    return tuple(out)
 
 
 def evaluate(
@@ -326,102 +322,8 @@ def run_replay(
         results = spark.sparkContext.parallelize(jobs, len(jobs)).map(run).collect()
         shared.unpersist()
     ranking = tuple(sorted(results, key=RunResult.rank_key))
-    os.makedirs(out, exist_ok=True)
-    _write_ranking(os.path.join(out, "ranking.csv"), ranking)
-    _write_recommendation(out, ranking, target_std)
-    return ReplayResult(ranking=ranking, out=out, seconds=time.monotonic() - started)
-
-
-def _describe(setting: Mapping[str, object]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(setting.items())) or "defaults"
-
-
-def _write_ranking(path: str, ranking: Sequence[RunResult]) -> None:
-    names = [f.name for f in fields(RunResult)]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["rank", *names])
-        for i, r in enumerate(ranking, 1):
-            values = [getattr(r, n) for n in names]
-            writer.writerow([i, *(_describe(v) if isinstance(v, dict) else v for v in values)])
-
-
-def _strategy_comparison(ranking: Sequence[RunResult]) -> list[str]:
-    """Per history: each strategy's best run, and why the moves compare as they do."""
-    lines = []
-    for history in sorted({r.history for r in ranking}):
-        best = {}
-        for r in ranking:
-            if r.history == history and r.strategy not in best:
-                best[r.strategy] = r
-        lines.append(f"History {history}:")
-        for s, r in best.items():
-            lines.append(
-                f"- best {s}: {_describe(r.setting)}: final std {r.final_std:.3f}, "
-                f"{r.seconds_over_target:.0f} s over target, {r.moves} moves, "
-                f"{r.ping_pongs} ping-pongs"
-            )
-        t, h = best.get("transfer_shedder"), best.get("threshold_shedder")
-        if t is not None and h is not None:
-            if t.moves < h.moves:
-                lines.append(
-                    f"- transfer_shedder needed fewer moves ({t.moves} < {h.moves}): it moves "
-                    "only while the std is over target or a broker is under- or overloaded, "
-                    "for hit_count_threshold cycles in a row, and straight to the least loaded "
-                    "broker; threshold_shedder sheds any broker its threshold above the average "
-                    "and lets the next lookup place the bundles."
-                )
-            else:
-                lines.append(
-                    f"- transfer_shedder made {t.moves} moves, threshold_shedder {h.moves}: "
-                    "threshold_shedder only sheds brokers above the average plus its threshold, "
-                    f"so it leaves more imbalance (final std {h.final_std:.3f} vs "
-                    f"{t.final_std:.3f}, {h.seconds_over_target:.0f} s vs "
-                    f"{t.seconds_over_target:.0f} s over target); transfer_shedder also fills "
-                    "underloaded (new) brokers, which takes moves."
-                )
-    return lines
-
-
-def _write_recommendation(out: str, ranking: Sequence[RunResult], target_std: float) -> None:
-    best = ranking[0]
-    config = replace(SheddingConfig(), **best.setting)  # type: ignore[arg-type]
-    default = next(
-        (r for r in ranking if r.strategy == DEFAULT_STRATEGY and _is_default(r.setting)), None
+    ranked = standings(ranking)
+    write_results(out, ranking, ranked, target_std)
+    return ReplayResult(
+        ranking=ranking, standings=ranked, out=out, seconds=time.monotonic() - started
     )
-    evidence = [
-        f"Recommended by lbd analytics replay over {len({r.history for r in ranking})} "
-        f"history(ies), {len(ranking)} runs, target std {target_std:g}.",
-        f"Winner: {best.strategy} with {_describe(best.setting)}: final std "
-        f"{best.final_std:.3f}, {best.seconds_over_target:.0f} s over target, "
-        f"{best.moves} moves, {best.ping_pongs} ping-pongs.",
-    ]
-    if default is not None:
-        evidence.append(
-            f"Current defaults ({DEFAULT_STRATEGY}): final std {default.final_std:.3f}, "
-            f"{default.seconds_over_target:.0f} s over target, {default.moves} moves, "
-            f"{default.ping_pongs} ping-pongs (rank {ranking.index(default) + 1})."
-        )
-    evidence.append("Full ranking: ranking.csv; strategies compared: replay.md.")
-    lines = [f"# {e}" for e in evidence] + ["", "[shedding]", f'strategy = "{best.strategy}"']
-    for key in TOML_KEYS:
-        value = getattr(config, key)
-        text = str(value).lower() if isinstance(value, bool) else repr(value)
-        lines.append(f"{key} = {text}")
-    if best.strategy == "threshold_shedder":
-        lines.append(f"threshold_shedder_percentage = {config.threshold_shedder_percentage!r}")
-    if best.strategy == "cluster_planner":
-        lines.append(f"max_moves_per_broker = {config.max_moves_per_broker!r}")
-    if best.strategy == "avg_shedder":
-        keys = [k for k in SheddingConfig.field_names() if k in _AVG_SHEDDER_KEYS]
-        lines += [f"{key} = {getattr(config, key)!r}" for key in keys]
-    with open(os.path.join(out, "recommended.toml"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    report = ["# lbd replay", "", *evidence, "", *_strategy_comparison(ranking), ""]
-    with open(os.path.join(out, "replay.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(report))
-
-
-def _is_default(setting: Mapping[str, object]) -> bool:
-    defaults = SheddingConfig()
-    return all(getattr(defaults, k) == v for k, v in setting.items())

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 from lbd.core.errors import InvalidInputError
 
+_T = TypeVar("_T")
 _MASTER_HELP = "Spark master URL: local[*] (default), local[N], spark://HOST:PORT, yarn, ..."
 
 
@@ -24,22 +25,38 @@ def register(sub: Any) -> None:
     )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    synth = verbs.add_parser("synth", help="write a synthetic history")
+    synth = verbs.add_parser(
+        "synth",
+        help="write synthetic histories",
+        description="Write synthetic cluster histories, one Spark task per cluster: a "
+        "hand-written --scenario, or --generated N clusters of the generator (those of "
+        "lbd bench balance --generated N: brokers of mixed sizes, joins, leaves, restarts, hot "
+        "namespaces, brokers reporting only EMAs or late), each under the default strategy.",
+    )
     _spark_flags(synth)
     synth.add_argument("--out", required=True, help="directory or URI to write the history to")
     synth.add_argument(
-        "--scenario", default="diurnal", choices=["diurnal", "burst", "scale-up", "churn"]
+        "--generated",
+        type=int,
+        metavar="N",
+        help="write the N generated clusters of seeds SEED..SEED+N-1, named generated-SEED, "
+        "instead of a scenario",
     )
-    synth.add_argument("--brokers", type=int, default=10, help="brokers at full size (10)")
-    synth.add_argument("--hours", type=float, default=24.0, help="length of the history (24)")
-    synth.add_argument("--step-s", type=int, default=60, help="seconds between samples (60)")
-    synth.add_argument("--bundles-per-broker", type=int, default=8)
-    synth.add_argument("--namespaces", type=int, default=4)
     synth.add_argument(
-        "--clusters", type=int, default=1, help="independent cluster histories, one Spark task each"
+        "--scenario", choices=["diurnal", "burst", "scale-up", "churn"], help="(diurnal)"
     )
-    synth.add_argument("--cluster-name", default="synthetic")
-    synth.add_argument("--seed", type=int, default=1)
+    synth.add_argument("--brokers", type=int, help="brokers at full size (10)")
+    synth.add_argument("--hours", type=float, help="length of the history (24)")
+    synth.add_argument("--step-s", type=int, help="seconds between samples (60)")
+    synth.add_argument("--bundles-per-broker", type=int, help="bundles per broker (8)")
+    synth.add_argument("--namespaces", type=int, help="namespaces (4)")
+    synth.add_argument(
+        "--clusters", type=int, help="independent cluster histories, one Spark task each (1)"
+    )
+    synth.add_argument("--cluster-name", help="the cluster's name (synthetic)")
+    synth.add_argument(
+        "--seed", type=int, default=1, help="the seed (the first one with --generated) (1)"
+    )
     synth.set_defaults(func=run_synth)
 
     report = verbs.add_parser("report", help="analyse a history into DIR/report.html")
@@ -52,7 +69,15 @@ def register(sub: Any) -> None:
     report.add_argument("--top", type=int, default=20, help="hot bundles listed")
     report.set_defaults(func=run_report)
 
-    replay = verbs.add_parser("replay", help="replay histories under strategies and settings")
+    replay = verbs.add_parser(
+        "replay",
+        help="replay histories under strategies and settings",
+        description="Replay every history (and every cluster in it) under every strategy x "
+        "setting, one Spark task each; rank each strategy and setting over all of them (histories "
+        "ended under --target-std, then time over it, moves, ping-pongs) and write "
+        "ranking.csv, runs.csv, recommended.toml (the winner's [shedding] keys with the "
+        "evidence) and replay.md to --out.",
+    )
     _spark_flags(replay)
     replay.add_argument(
         "--history", required=True, action="append", help="a history (repeat for several)"
@@ -93,34 +118,66 @@ def _require_history(path: str) -> None:
         raise InvalidInputError(f"history {path}: no such directory")
 
 
+_SCENARIO_FLAGS = (
+    "scenario",
+    "brokers",
+    "hours",
+    "step_s",
+    "bundles_per_broker",
+    "namespaces",
+    "clusters",
+    "cluster_name",
+)
+"""``synth`` flags that describe a scenario's clusters (a generated cluster draws its own)."""
+
+
 def run_synth(args: argparse.Namespace) -> int:
     """``lbd analytics synth``."""
     from lbd.analytics.scenarios import ScenarioName, SynthSpec
     from lbd.analytics.spark import require_pyspark
-    from lbd.analytics.synth import synth
+    from lbd.analytics.synth import generated_jobs, synth, synth_generated
 
-    spec = SynthSpec(
-        scenario=ScenarioName(args.scenario),
-        brokers=args.brokers,
-        hours=args.hours,
-        step_s=args.step_s,
-        bundles_per_broker=args.bundles_per_broker,
-        namespaces=args.namespaces,
-        seed=args.seed,
-    )
-    require_pyspark()
-    result = synth(
-        _session(args, "lbd analytics synth"),
-        args.out,
-        spec,
-        clusters=args.clusters,
-        cluster_name=args.cluster_name,
-    )
+    if args.generated is not None:
+        given = [
+            f"--{k.replace('_', '-')}" for k in _SCENARIO_FLAGS if getattr(args, k) is not None
+        ]
+        if given:
+            raise InvalidInputError(
+                f"--generated draws each cluster from its seed; {', '.join(given)} "
+                f"cannot be given with it"
+            )
+        generated_jobs(args.generated, args.seed)  # bad input is named before Spark starts
+        require_pyspark()
+        result = synth_generated(
+            _session(args, "lbd analytics synth"), args.out, args.generated, args.seed
+        )
+    else:
+        spec = SynthSpec(
+            scenario=ScenarioName(args.scenario or "diurnal"),
+            brokers=_given(args.brokers, 10),
+            hours=_given(args.hours, 24.0),
+            step_s=_given(args.step_s, 60),
+            bundles_per_broker=_given(args.bundles_per_broker, 8),
+            namespaces=_given(args.namespaces, 4),
+            seed=args.seed,
+        )
+        require_pyspark()
+        result = synth(
+            _session(args, "lbd analytics synth"),
+            args.out,
+            spec,
+            clusters=_given(args.clusters, 1),
+            cluster_name=args.cluster_name or "synthetic",
+        )
     print(
         f"wrote {result.rows} rows ({result.decisions} decisions) of "
         f"{len(result.clusters)} cluster(s) to {result.out} in {result.seconds:.1f} s"
     )
     return 0
+
+
+def _given(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -170,14 +227,15 @@ def run_replay(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     print(
-        f"{'rank':>4}  {'strategy':<18} {'final std':>9} {'s over':>7} {'moves':>5} "
-        f"{'pp':>3}  setting"
+        f"{'rank':>4}  {'strategy':<18} {'under':>7} {'s over':>8} {'moves':>6} {'pp':>4} "
+        f"{'std':>6}  setting"
     )
-    for i, r in enumerate(result.ranking[:10], 1):
+    for i, r in enumerate(result.standings[:10], 1):
         setting = " ".join(f"{k}={v}" for k, v in sorted(r.setting.items()))
         print(
-            f"{i:>4}  {r.strategy:<18} {r.final_std:>9.3f} {r.seconds_over_target:>7.0f} "
-            f"{r.moves:>5} {r.ping_pongs:>3}  {setting}"
+            f"{i:>4}  {r.strategy:<18} {f'{r.under_target}/{r.histories}':>7} "
+            f"{r.seconds_over_target:>8.0f} {r.moves:>6} {r.ping_pongs:>4} "
+            f"{r.mean_final_std:>6.3f}  {setting}"
         )
     print(
         f"{len(result.ranking)} runs in {result.seconds:.1f} s; "

@@ -28,7 +28,7 @@ from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.settings import MB, SheddingConfig
-from lbd.core.shedding import STRATEGIES, mean_and_std
+from lbd.core.shedding import STRATEGIES, SheddingResult, mean_and_std
 from lbd.workload.model import LoadModel, Move, moves_per_broker
 
 NOISE = 0.03
@@ -111,6 +111,20 @@ class RunResult:
         return self.cycles_to_target * self.step_s / 60
 
 
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    """What one cycle of :class:`BalanceSim` did, in order: the placements of unloaded bundles,
+    the reports (in the model's ``loads``), the shedding run and the moves it made."""
+
+    std: float
+    """The std of the carried load after the moves."""
+    placed: tuple[Move, ...]
+    """Bundles unloaded by an earlier cycle, placed as the next lookup would place them."""
+    shed: SheddingResult
+    moved: tuple[Move, ...]
+    """The shedding run's decisions as carried out."""
+
+
 class BalanceSim:
     """One scenario under one strategy on the load model; :meth:`run` plays it to the end."""
 
@@ -148,6 +162,10 @@ class BalanceSim:
 
     def step(self, cycle: int) -> float:
         """One cycle; the std of the carried load after its moves."""
+        return self.cycle(cycle).std
+
+    def cycle(self, cycle: int) -> Cycle:
+        """One cycle, and what it did (``lbd analytics synth --generated`` records it)."""
         model = self.model
         model.advance(self.scenario.step_s)
         for event in self.scenario.events:
@@ -156,9 +174,11 @@ class BalanceSim:
         self._update_traffic()
         placed = model.place_orphans()
         model.report()
-        moved = model.apply(model.shed(self.strategy_name, self.config).decisions)
+        shed = model.shed(self.strategy_name, self.config)
+        moved = model.apply(shed.decisions)
         self._count_moves(placed + moved)
-        return mean_and_std(model.carried().values())[1]
+        std = mean_and_std(model.carried().values())[1]
+        return Cycle(std, tuple(placed), shed, tuple(moved))
 
     def actual_loads(self) -> dict[BrokerId, float]:
         """Each broker's load now: the traffic it carries over its capacity."""

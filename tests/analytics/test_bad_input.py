@@ -44,6 +44,20 @@ def test_bad_grid_and_synth_spec(capsys, tmp_path):
     assert code == 2 and "brokers must be >= 2, got 1" in err
 
 
+def test_bad_generated_synth(capsys, tmp_path):
+    out = str(tmp_path / "h")
+    code, err = _run(capsys, "synth", "--out", out, "--generated", "0")
+    assert code == 2 and err.strip() == "lbd: error: --generated must be >= 1, got 0"
+    code, err = _run(capsys, "synth", "--out", out, "--generated", "3", "--seed", "-2")
+    assert code == 2 and "--seed must be >= 0 with --generated, got -2" in err
+    code, err = _run(
+        capsys, "synth", "--out", out, "--generated", "3", "--brokers", "5", "--scenario", "churn"
+    )
+    assert code == 2
+    assert "--generated draws each cluster from its seed; --scenario, --brokers cannot" in err
+    assert not os.path.exists(out)
+
+
 @pytest.mark.usefixtures("spark")
 def test_wrong_schema_version(capsys, tmp_path):
     history = write_history(

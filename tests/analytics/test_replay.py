@@ -7,7 +7,8 @@ import tomllib
 
 import pytest
 
-from lbd.analytics.replay import TOML_KEYS, parse_grid, run_replay, settings_for
+from lbd.analytics.ranking import TOML_KEYS
+from lbd.analytics.replay import parse_grid, run_replay, settings_for
 from lbd.analytics.scenarios import ScenarioName, SynthSpec
 from lbd.analytics.synth import synth
 from lbd.core.errors import InvalidInputError
