@@ -281,10 +281,15 @@ def _strategy_comparison(ranking: Sequence[RunResult]) -> list[str]:
                     "and lets the next lookup place the bundles."
                 )
             else:
+                leaves = (
+                    "so it leaves more imbalance"
+                    if h.final_std > t.final_std
+                    else "yet here it ends no more imbalanced"
+                )
                 lines.append(
                     f"- transfer_shedder made {t.moves} moves, threshold_shedder {h.moves}: "
                     "threshold_shedder only sheds brokers above the average plus its threshold, "
-                    f"so it leaves more imbalance (final std {h.final_std:.3f} vs "
+                    f"{leaves} (final std {h.final_std:.3f} vs "
                     f"{t.final_std:.3f}, {h.seconds_over_target:.0f} s vs "
                     f"{t.seconds_over_target:.0f} s over target); transfer_shedder also fills "
                     "underloaded (new) brokers, which takes moves."
