@@ -495,3 +495,17 @@ def test_a_new_broker_of_unknown_size_is_not_filled_past_the_others() -> None:
         true[d.src] -= t * true_per_byte[d.src]
         true[d.dst] += t * true_per_byte[d.dst]
     assert result.decisions and true["new"] <= max(true["big"], true["small"]) + 1e-9
+
+
+def test_holdings_are_each_broker_s_owned_bundles() -> None:
+    # The table gives a0 to b (a's report is older); c reported nothing and holds b0 by the table.
+    snapshot = cluster(
+        {"a": [10, 10], "b": [5]},
+        owners={bundle("a", 0): BrokerId("b"), bundle("b", 0): BrokerId("c")},
+    )
+    holdings = snapshot.holdings()
+    for broker in ("a", "b", "c"):
+        assert holdings.get(BrokerId(broker), frozenset()) == snapshot.owned_bundles(
+            BrokerId(broker)
+        )
+    assert holdings[BrokerId("a")] == {bundle("a", 1)}

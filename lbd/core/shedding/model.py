@@ -84,13 +84,26 @@ class LoadSnapshot:
     def owned_bundles(self, broker: BrokerId) -> frozenset[BundleId]:
         """Every bundle known to be on ``broker``: its reported bundles it still owns, and the
         bundles the ownership table gives it."""
-        reported = {
+        assigned = {bundle for bundle, owner in self.owners.items() if owner == broker}
+        return frozenset(self._reported_owned(broker) | assigned)
+
+    def holdings(self) -> dict[BrokerId, frozenset[BundleId]]:
+        """:meth:`owned_bundles` of every broker that reported or owns a bundle, in one pass
+        over the ownership table (a broker not listed holds nothing)."""
+        held: dict[BrokerId, set[BundleId]] = {}
+        for bundle, owner in self.owners.items():
+            held.setdefault(owner, set()).add(bundle)
+        for broker in self.top_bundles:
+            held.setdefault(broker, set()).update(self._reported_owned(broker))
+        return {broker: frozenset(bundles) for broker, bundles in held.items()}
+
+    def _reported_owned(self, broker: BrokerId) -> set[BundleId]:
+        """The bundles ``broker`` reported among its top bundles that it still owns."""
+        return {
             b.bundle
             for b in self.top_bundles.get(broker, ())
             if self.owner_of(b.bundle, broker) == broker
         }
-        assigned = {bundle for bundle, owner in self.owners.items() if owner == broker}
-        return frozenset(reported | assigned)
 
     def may_move_to(self, bundle: BundleId, broker: BrokerId) -> bool:
         """Whether the placement rules let ``bundle`` move to ``broker``."""

@@ -264,16 +264,10 @@ def bundle_rates(
 ) -> dict[BundleId, float]:
     """Each bundle of a broker in ``loads`` at the throughput its owner reported for it among
     its top bundles; the owner's other bundles share the rest of its throughput equally."""
-    held: dict[BrokerId, set[BundleId]] = {}
-    for bundle, owner in snapshot.owners.items():
-        held.setdefault(owner, set()).add(bundle)
+    holdings = snapshot.holdings()
     rates: dict[BundleId, float] = {}
     for broker, data in loads.items():
-        owned = held.get(broker, set()) | {
-            b.bundle
-            for b in snapshot.top_bundles.get(broker, ())
-            if snapshot.owner_of(b.bundle, broker) == broker
-        }
+        owned = holdings.get(broker, frozenset())
         top = {
             b.bundle: b.msg_throughput
             for b in snapshot.top_bundles.get(broker, ())
@@ -473,6 +467,7 @@ class _Plan:
         self.movable: dict[BrokerId, list[BundleLoad]] = {}
         self.holding: dict[BrokerId, int] = {}
         self.without_top_bundles = 0
+        holdings = snapshot.holdings()
         for broker in self.projected:
             reported = snapshot.top_bundles.get(broker, ())
             if not reported:
@@ -485,7 +480,7 @@ class _Plan:
                 and b.msg_throughput > 0
             ]
             self.throughput.update((b.bundle, b.msg_throughput) for b in reported)
-            self.holding[broker] = len(snapshot.owned_bundles(broker))
+            self.holding[broker] = len(holdings.get(broker, ()))
         self.sources: set[BrokerId] = set()
         self._source_limit = source_limit(config, len(self.order))
         self.moves_of: Counter[BrokerId] = Counter()
