@@ -401,6 +401,13 @@ def up(state_dir: Path, spec: DevClusterSpec, timeout_s: float = START_TIMEOUT_S
         raise
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write ``path`` at once: a reader sees the old file (or none) or the new one, never half."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def add_brokers(state_dir: Path, count: int, timeout_s: float = START_TIMEOUT_S) -> DevCluster:
     """Add ``count`` brokers (a sidecar and a broker each, named after the last) to the dev
     cluster running from ``state_dir``; return its record once every sidecar lists them.
@@ -421,9 +428,7 @@ def add_brokers(state_dir: Path, count: int, timeout_s: float = START_TIMEOUT_S)
     supervisor = _read_pid(state_dir)
     request_id = f"{os.getpid()}-{time.monotonic_ns()}"
     request = state_dir / ADD_REQUEST_FILE
-    tmp = request.with_name(f"{ADD_REQUEST_FILE}.tmp")
-    tmp.write_text(json.dumps({"id": request_id, "count": count}), encoding="utf-8")
-    tmp.replace(request)
+    write_whole(request, json.dumps({"id": request_id, "count": count}))
     deadline = time.monotonic() + timeout_s
     while True:
         try:

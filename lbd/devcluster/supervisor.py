@@ -51,6 +51,7 @@ from lbd.devcluster.cluster import (
     NodeRecord,
     ProcessRecord,
     process_start_ticks,
+    write_whole,
 )
 from lbd.devcluster.links import LinkSpec
 from lbd.devcluster.ports import LOOPBACK, free_ports
@@ -160,10 +161,7 @@ def _supervise(state_dir: Path, spec: DevClusterSpec) -> int:
 
 def _write_record(cluster: DevCluster) -> None:
     """Write ``cluster.json`` at once (a reader sees the old record or the new one)."""
-    path = Path(cluster.state_dir) / CLUSTER_FILE
-    tmp = path.with_name(f"{CLUSTER_FILE}.tmp")
-    tmp.write_text(cluster.to_json(), encoding="utf-8")
-    tmp.replace(path)
+    write_whole(Path(cluster.state_dir) / CLUSTER_FILE, cluster.to_json())
 
 
 def _serve_add_request(
@@ -184,10 +182,9 @@ def _serve_add_request(
     except (LbdError, KeyError, TypeError, ValueError) as e:
         _log.error("adding brokers failed: %s", e)
         error = str(e) or type(e).__name__
-    answer = json.dumps({"id": request.get("id", ""), "error": error})
-    tmp = state_dir / f"{ADD_RESULT_FILE}.tmp"
-    tmp.write_text(answer, encoding="utf-8")
-    tmp.replace(state_dir / ADD_RESULT_FILE)
+    write_whole(
+        state_dir / ADD_RESULT_FILE, json.dumps({"id": request.get("id", ""), "error": error})
+    )
     return cluster
 
 
