@@ -281,7 +281,8 @@ class _Client(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
             return
         if self._is_connecting:
             # Another request is connecting: wait for it, as aetcd does.
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            async with asyncio.timeout(self._connect_wait_timeout):
+                await self._connected.wait()
             return
         self._is_connecting = True
         target = f"{self._host}:{self._port}"

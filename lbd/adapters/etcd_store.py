@@ -362,7 +362,8 @@ class EtcdMetadataStore:
     async def _pause(self, seconds: float) -> bool:
         """Wait ``seconds`` unless the store closes first; False when it closed."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._closed.wait()
         return not self._closed.is_set()
 
     async def _restore(self, lease_id: int) -> None:

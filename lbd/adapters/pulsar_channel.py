@@ -339,7 +339,8 @@ class PulsarChannelLog:
                     _log.info("channel %s: reading again after %s", self._topic, after)
                 return reader
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._closed.wait()
             delay = min(delay * 2, _RETRY_MAX_S)
         return None
 
@@ -428,9 +429,8 @@ class PulsarChannelLog:
 
     async def _read_once(self, reader: Any) -> Any:
         try:
-            return await self._cancel_on_close(
-                asyncio.wait_for(reader.read_next(), self._connection.operation_timeout_s)
-            )
+            async with asyncio.timeout(self._connection.operation_timeout_s):
+                return await self._cancel_on_close(reader.read_next())
         except (*PULSAR_ERRORS, TimeoutError) as e:
             raise unavailable(f"reading {self._topic}", e) from e
 

@@ -314,6 +314,7 @@ async def close_quietly(closeable: Any, what: str) -> None:
     A failure is logged, not raised: whoever closes is done with the object either way.
     """
     try:
-        await asyncio.wait_for(closeable.close(), _CLOSE_TIMEOUT_S)
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await closeable.close()
     except (*PULSAR_ERRORS, TimeoutError) as e:
         log.debug("closing %s: %s", what, e)

@@ -374,7 +374,8 @@ class BrokerClient:
                 until = lease.valid_until
                 wait = deadline - now if until is None else min(deadline, until) - now
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(granted.wait(), timeout=max(wait, 0.0))
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        await granted.wait()
                 granted.clear()
                 if lease.lapse_if_due(time.monotonic()):
                     _log.warning("serving lease ran out; stopping every bundle")

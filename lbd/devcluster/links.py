@@ -114,7 +114,8 @@ class _Link:
                 wait = 2 * self.period_s - phase
             changed = self._changed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await changed.wait()
 
     def status(self) -> dict[str, object]:
         out: dict[str, object] = {

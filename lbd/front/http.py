@@ -167,14 +167,16 @@ class HttpServer:
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, tls: bool
     ) -> None:
         while True:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
+                async with asyncio.timeout(IDLE_TIMEOUT_S):
+                    head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 return  # the client closed between requests
             except asyncio.LimitOverrunError:
@@ -234,7 +236,10 @@ class HttpServer:
             )
         if length and headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await asyncio.wait_for(reader.readexactly(length), READ_TIMEOUT_S) if length else b""
+        body = b""
+        if length:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                body = await reader.readexactly(length)
         split = urlsplit(target)
         request = Request(
             method=method.upper(),
