@@ -9,6 +9,7 @@ one only ranks what the hard filters left.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -219,6 +220,9 @@ class Placement:
     """Current owner of each bundle, for anti-affinity."""
     anti_affinity_groups: Mapping[NamespaceName, str] = field(default_factory=dict)
     """Anti-affinity group of each namespace that has one."""
+    group_counts: Mapping[BrokerId, int] | None = None
+    """The bundle's anti-affinity counts already worked out (for many bundles at once, by
+    :meth:`PlacementRules.move_destinations`); None: counted from ``ownership``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +253,11 @@ def filter_candidates(
     counts: Mapping[BrokerId, int] = {}
     if group is not None:
         # The namespace itself counts, so its own bundles spread too (as in Pulsar).
-        groups = {**placement.anti_affinity_groups, namespace: group}
-        counts = anti_affinity_counts(group, placement.ownership, groups)
+        if placement.group_counts is not None:
+            counts = placement.group_counts
+        else:
+            groups = {**placement.anti_affinity_groups, namespace: group}
+            counts = anti_affinity_counts(group, placement.ownership, groups)
     steps: tuple[Callable[[Sequence[BrokerCandidate]], FilterResult], ...] = (
         lambda cs: max_topics_filter(cs, config.max_topics_per_broker),
         lambda cs: version_filter(cs, config.required_broker_version),
@@ -287,3 +294,284 @@ def select_broker(
     pool, why = least_usage_pool((c.broker for c in kept), load_data, config.load_margin)
     broker = rng.choice(pool)
     return Selection(broker, f"{broker} for {bundle}: {why}{dropped}", tuple(excluded))
+
+
+class PlacementRules:
+    """The cluster's placement rules: every namespace's policies, as the filters read them.
+
+    The assigner places and bounds moves by them (:mod:`lbd.services.cluster.assigner`), and the
+    load model does the same (:mod:`lbd.workload.model`), so a generated cluster is held to the
+    rules a live one is. A namespace without policies listed has none (it still keeps off the
+    brokers an isolation policy reserves).
+    """
+
+    def __init__(self, policies: Mapping[NamespaceName, NamespacePolicies]) -> None:
+        self.policies = dict(policies)
+        self.isolation = tuple(
+            p.isolation for _, p in sorted(self.policies.items()) if p.isolation is not None
+        )
+        """Every isolation policy: their primaries are reserved for their namespaces."""
+        self.groups = {
+            ns: p.anti_affinity_group
+            for ns, p in self.policies.items()
+            if p.anti_affinity_group is not None
+        }
+        """Anti-affinity group of each namespace that has one."""
+
+    @property
+    def binds(self) -> bool:
+        """Whether any rule binds any bundle."""
+        return bool(self.isolation or self.groups)
+
+    def of(self, namespace: NamespaceName) -> NamespacePolicies:
+        """The policies of ``namespace`` (none when it has none listed)."""
+        return self.policies.get(namespace) or NamespacePolicies()
+
+    def placement(
+        self,
+        namespace: NamespaceName,
+        ownership: Mapping[BundleId, BrokerId],
+        group_counts: Mapping[BrokerId, int] | None = None,
+    ) -> Placement:
+        """What the filters need to place a bundle of ``namespace``, ``ownership`` being every
+        bundle's owner (read only for an anti-affinity group)."""
+        policies = self.of(namespace)
+        grouped = policies.anti_affinity_group is not None
+        return Placement(
+            policies=policies,
+            cluster_isolation=self.isolation,
+            ownership=ownership if grouped else {},
+            anti_affinity_groups=self.groups,
+            group_counts=group_counts if grouped else None,
+        )
+
+    def allows(
+        self,
+        bundle: BundleId,
+        broker: BrokerId,
+        candidates: Sequence[BrokerCandidate],
+        config: AssignmentConfig,
+        owners: Mapping[BundleId, BrokerId],
+    ) -> bool:
+        """Whether ``bundle`` may move to ``broker`` now (``owners``: every bundle's owner, the
+        bundle's own entry left out of its anti-affinity counts)."""
+        namespace = parse_bundle_id(bundle).namespace
+        if self.of(namespace).anti_affinity_group is not None:
+            owners = {b: o for b, o in owners.items() if b != bundle}
+        kept = filter_candidates(bundle, candidates, config, self.placement(namespace, owners))
+        return any(c.broker == broker for c in kept.kept)
+
+    def at(
+        self,
+        candidates: Sequence[BrokerCandidate],
+        config: AssignmentConfig,
+        owners: Mapping[BundleId, BrokerId],
+        everyone: frozenset[BrokerId] | None = None,
+    ) -> MoveRules:
+        """These rules over one instant of the cluster: ``candidates`` the brokers open to
+        moves, ``owners`` every bundle's owner, ``everyone`` every registered broker (default:
+        the candidates; a cordoned broker is no candidate)."""
+        return MoveRules(self, candidates, config, owners, everyone)
+
+    def move_destinations(
+        self,
+        bundles: Iterable[BundleId],
+        candidates: Sequence[BrokerCandidate],
+        config: AssignmentConfig,
+        owners: Mapping[BundleId, BrokerId],
+        everyone: frozenset[BrokerId] | None = None,
+    ) -> dict[BundleId, frozenset[BrokerId]]:
+        """:meth:`MoveRules.destinations` of ``bundles`` (see :meth:`at`)."""
+        return self.at(candidates, config, owners, everyone).destinations(bundles)
+
+
+Planned = Sequence[tuple[BundleId, BrokerId, BrokerId | None]]
+"""Moves a shedding cycle already chose: bundle, source, destination (None: an unload)."""
+
+
+class MoveRules:
+    """The placement rules over one instant of the cluster: where each bundle may move, the
+    moves the cycle already chose counted.
+
+    Checked alone, each of two bundles of an anti-affinity group may move to a broker holding
+    none of the group; both moving there in one cycle breaks the rule. So a strategy asks with
+    the moves it chose so far (:meth:`allows`), and each is judged on the ownership as it will
+    be when they are made. The filters are the assignment's (max topics, version, isolation),
+    then anti-affinity's "fewest namespaces of the group", with the bundle itself left out.
+
+    A cycle's moves only grow: the counts after them are kept and only the new ones added.
+    """
+
+    def __init__(
+        self,
+        rules: PlacementRules,
+        candidates: Sequence[BrokerCandidate],
+        config: AssignmentConfig,
+        owners: Mapping[BundleId, BrokerId],
+        everyone: frozenset[BrokerId] | None = None,
+    ) -> None:
+        self._rules = rules
+        self._candidates = tuple(candidates)
+        self._config = config
+        self._open = frozenset(c.broker for c in candidates)
+        self._everyone = self._open if everyone is None else everyone
+        self._filtered: dict[NamespaceName, frozenset[BrokerId]] = {}
+        self._now = _Counted(GroupCounts(rules.groups, owners))
+        self._after = self._now
+        self._applied: list[tuple[BundleId, BrokerId, BrokerId | None]] = []
+
+    def destinations(self, bundles: Iterable[BundleId]) -> dict[BundleId, frozenset[BrokerId]]:
+        """For each of ``bundles`` that may not go to every registered broker, the brokers it
+        may move to (while a broker is cordoned, every bundle is listed)."""
+        out: dict[BundleId, frozenset[BrokerId]] = {}
+        for bundle in bundles:
+            kept = self.allowed(bundle)
+            if kept != self._everyone:
+                out[bundle] = kept
+        return out
+
+    def allows(self, bundle: BundleId, broker: BrokerId, planned: Planned = ()) -> bool:
+        """Whether ``bundle`` may move to ``broker`` after the ``planned`` moves (of other
+        bundles)."""
+        return broker in self.allowed(bundle, planned)
+
+    def placed(self, bundle: BundleId, broker: BrokerId) -> None:
+        """``bundle``, which had no owner, now belongs to ``broker`` (a placement made bundle
+        by bundle asks about the next with this one counted)."""
+        self._now.move(bundle, broker)
+        self._after = self._now
+        self._applied = []
+
+    def allowed(self, bundle: BundleId, planned: Planned = ()) -> frozenset[BrokerId]:
+        """The candidates ``bundle`` may move to after the ``planned`` moves (of other
+        bundles)."""
+        namespace = parse_bundle_id(bundle).namespace
+        group = self._rules.of(namespace).anti_affinity_group
+        if group is None and not self._rules.isolation:
+            return self._open
+        kept = self._filtered.get(namespace)
+        if kept is None:
+            # Every filter but anti-affinity: the same for each bundle of the namespace.
+            unbound = dataclasses.replace(self._rules.of(namespace), anti_affinity_group=None)
+            placement = dataclasses.replace(self._rules.placement(namespace, {}), policies=unbound)
+            found = filter_candidates(bundle, self._candidates, self._config, placement)
+            kept = self._filtered[namespace] = frozenset(c.broker for c in found.kept)
+        if group is None or not kept:
+            return kept
+        return self._counted(planned).fewest(bundle, namespace, group, kept)
+
+    def _counted(self, planned: Planned) -> _Counted:
+        """The counts after ``planned``: those kept, with the moves not yet in them added."""
+        if not planned:
+            return self._now
+        done = len(self._applied)
+        if len(planned) < done or list(planned[:done]) != self._applied:
+            self._after, self._applied, done = self._now.copy(), [], 0
+        elif self._after is self._now:
+            self._after = self._now.copy()
+        for moved, src, dst in planned[done:]:
+            self._after.move(moved, dst)
+            self._applied.append((moved, src, dst))
+        return self._after
+
+
+class _Counted:
+    """Anti-affinity counts and, per namespace, the brokers owning the fewest of its group."""
+
+    def __init__(self, counts: GroupCounts) -> None:
+        self.counts = counts
+        self._fewest: dict[NamespaceName, tuple[int, frozenset[BrokerId]]] = {}
+
+    def copy(self) -> _Counted:
+        return _Counted(self.counts.copy())
+
+    def move(self, bundle: BundleId, dst: BrokerId | None) -> None:
+        self.counts.move(bundle, dst)
+        self._fewest.clear()
+
+    def fewest(
+        self, bundle: BundleId, namespace: NamespaceName, group: str, kept: frozenset[BrokerId]
+    ) -> frozenset[BrokerId]:
+        """Those of ``kept`` owning the fewest namespaces of ``group``, ``bundle`` left out.
+        Leaving it out changes at most its owner's count: the rest is worked out once per
+        namespace."""
+        counts = self.counts.counts(group)
+        fewest = self._fewest.get(namespace)
+        if fewest is None:
+            least = min(counts.get(b, 0) for b in kept)
+            fewest = self._fewest[namespace] = (
+                least,
+                frozenset(b for b in kept if counts.get(b, 0) == least),
+            )
+        least, brokers = fewest
+        owner = self.counts.owner_if_alone(group, bundle)
+        if owner is None or owner not in kept:
+            return brokers
+        mine = counts.get(owner, 0) - 1
+        if mine < least:
+            return frozenset((owner,))
+        return brokers | {owner} if mine == least else brokers
+
+
+class GroupCounts:
+    """:func:`anti_affinity_counts` of every group at once, for many bundles of one ownership
+    (kept up to date by :meth:`move` while a placement or a plan is made bundle by bundle)."""
+
+    def __init__(
+        self,
+        groups: Mapping[NamespaceName, str],
+        owners: Mapping[BundleId, BrokerId] | None = None,
+    ) -> None:
+        self._keyed = {ns: g.casefold() for ns, g in groups.items()}
+        self._owners: dict[BundleId, BrokerId] = {}
+        # group -> broker -> namespace -> bundles of it the broker owns
+        self._held: dict[str, dict[BrokerId, dict[NamespaceName, int]]] = {}
+        self._base: dict[str, dict[BrokerId, int]] = {}
+        if self._keyed:
+            for bundle, broker in (owners or {}).items():
+                self.move(bundle, broker)
+
+    def copy(self) -> GroupCounts:
+        """Counts to change apart from these."""
+        out = GroupCounts({})
+        out._keyed = self._keyed
+        out._owners = dict(self._owners)
+        out._held = {
+            g: {b: dict(held) for b, held in brokers.items()} for g, brokers in self._held.items()
+        }
+        out._base = {g: dict(counts) for g, counts in self._base.items()}
+        return out
+
+    def move(self, bundle: BundleId, dst: BrokerId | None) -> None:
+        """``bundle`` now belongs to ``dst`` (None: to nobody, an unload)."""
+        namespace = parse_bundle_id(bundle).namespace
+        group = self._keyed.get(namespace)
+        if group is None:
+            return
+        src = self._owners.pop(bundle, None)
+        if src is not None:
+            self._shift(group, namespace, src, -1)
+        if dst is not None:
+            self._owners[bundle] = dst
+            self._shift(group, namespace, dst, 1)
+
+    def _shift(self, group: str, namespace: NamespaceName, broker: BrokerId, by: int) -> None:
+        held = self._held.setdefault(group, {}).setdefault(broker, {})
+        before = held.get(namespace, 0)
+        held[namespace] = before + by
+        base = self._base.setdefault(group, {})
+        base[broker] = base.get(broker, 0) + (before + by > 0) - (before > 0)
+
+    def counts(self, group: str) -> Mapping[BrokerId, int]:
+        """Per broker, the namespaces of ``group`` it owns a bundle of (not to be changed)."""
+        return self._base.get(group.casefold(), {})
+
+    def owner_if_alone(self, group: str, bundle: BundleId) -> BrokerId | None:
+        """The owner of ``bundle`` if it is the only bundle of its namespace there (leaving it
+        out changes that broker's count of ``group``), else None."""
+        owner = self._owners.get(bundle)
+        if owner is None:
+            return None
+        namespace = parse_bundle_id(bundle).namespace
+        held = self._held.get(group.casefold(), {}).get(owner, {})
+        return owner if held.get(namespace) == 1 else None

@@ -8,9 +8,10 @@ Unknown keys are ignored when reading, so that a record written by a newer sidec
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,14 @@ def _broker_host(broker: BrokerId) -> str:
     """The host of a ``host:port`` broker id (the id itself when it has no port)."""
     host, sep, port = broker.rpartition(":")
     return host if sep and port.isdigit() else broker
+
+
+@functools.lru_cache(maxsize=8192)
+def _matches(patterns: tuple[str, ...], broker: BrokerId) -> bool:
+    """Whether a pattern matches ``broker`` or its host (remembered: the filters ask about the
+    same brokers for every bundle)."""
+    host = _broker_host(broker)
+    return any(re.fullmatch(p, broker) or re.fullmatch(p, host) for p in patterns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,9 @@ class IsolationPolicy:
     min_available_primaries: int = 1
 
     def __post_init__(self) -> None:
+        # Tuples whatever the caller gave: the patterns are a key of the matching cache.
+        object.__setattr__(self, "primary", tuple(self.primary))
+        object.__setattr__(self, "secondary", tuple(self.secondary))
         if not self.primary:
             raise InvalidInputError("isolation policy: at least one primary broker pattern needed")
         for kind, patterns in (("primary", self.primary), ("secondary", self.secondary)):
@@ -60,9 +72,8 @@ class IsolationPolicy:
             )
 
     @staticmethod
-    def _matches(patterns: Sequence[str], broker: BrokerId) -> bool:
-        host = _broker_host(broker)
-        return any(re.fullmatch(p, broker) or re.fullmatch(p, host) for p in patterns)
+    def _matches(patterns: tuple[str, ...], broker: BrokerId) -> bool:
+        return _matches(patterns, broker)
 
     def is_primary(self, broker: BrokerId) -> bool:
         """Whether ``broker`` matches a primary pattern."""

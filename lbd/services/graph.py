@@ -352,7 +352,7 @@ def build_sidecar(
         metrics=metrics,
         rng=rng,
         history=history,
-        destinations=assigner.move_destinations,
+        destinations=assigner.move_rules,
         tracker=tracker,
         operations=config.operations,
         settle_timeout_s=timings.settle_timeout_s,

@@ -23,10 +23,12 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lbd.core.assign import PlacementRules
 from lbd.core.balance_metrics import ping_pongs
 from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
+from lbd.core.namespace import NamespacePolicies
 from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import STRATEGIES, SheddingResult, mean_and_std
 from lbd.workload.model import LoadModel, Move, moves_per_broker
@@ -75,6 +77,8 @@ class BalanceScenario:
     """Brokers (up at the start or joining later) whose reports carry only the EMAs."""
     report_every: Mapping[BrokerId, int] = field(default_factory=dict)
     """Brokers that report only every this many cycles (the others report every cycle)."""
+    policies: Mapping[NamespaceName, NamespacePolicies] = field(default_factory=dict)
+    """Placement rules (isolation, anti-affinity) of the namespaces that have any."""
     step_s: int = 60
 
 
@@ -102,6 +106,8 @@ class RunResult:
     step_s: int
     disturbed_at: tuple[int, ...] = ()
     """The cycles of the disturbances (0 for a skewed start)."""
+    forbidden_moves: int = 0
+    """Transfers to a broker the placement rules did not allow then."""
 
     @property
     def minutes_to_target(self) -> float | None:
@@ -140,7 +146,13 @@ class BalanceSim:
         self.scenario = scenario
         self.strategy_name = strategy
         self.config = config
-        self.model = LoadModel(scenario.brokers, scenario.traffic, scenario.placement, seed=seed)
+        self.model = LoadModel(
+            scenario.brokers,
+            scenario.traffic,
+            scenario.placement,
+            seed=seed,
+            rules=PlacementRules(scenario.policies),
+        )
         self.model.ema_only.update(scenario.ema_only)
         self.model.report_every_s.update(
             (b, n * scenario.step_s) for b, n in scenario.report_every.items()
@@ -240,6 +252,7 @@ class BalanceSim:
             std_series=tuple(series),
             step_s=self.scenario.step_s,
             disturbed_at=tuple(disturbances),
+            forbidden_moves=len(self.model.forbidden),
         )
 
     def _move_log(self) -> list[tuple[int, str, str | None, str | None]]:

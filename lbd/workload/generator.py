@@ -17,7 +17,11 @@ its history from one seed, on the same load model:
 - a start that is balanced, skewed (a few brokers hold the heaviest bundles) or random;
 - one to three disturbances, at least 15 cycles apart: brokers joining, leaving, restarting (gone
   for a few cycles, back empty), a namespace turning hot (2x to 8x), a hot spot moving to another
-  namespace.
+  namespace;
+- placement rules on three clusters in five (:func:`draw_rules`): namespaces isolated on a few
+  primary brokers (with or without every other broker as secondary), an anti-affinity group of
+  namespaces, or both. The start, and the hand-made placement the targets come from, follow
+  them; a transfer they forbid is counted against the strategy that made it.
 
 :func:`evaluate` runs a strategy on one and judges it against a target it can reach: a cluster
 whose bundles cannot be spread under ``target_std`` (one bundle larger than a broker's share) is
@@ -33,13 +37,16 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from lbd.core.assign import BrokerCandidate, PlacementRules
 from lbd.core.bundles import NamespaceBundles
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
-from lbd.core.settings import MB, SheddingConfig
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies
+from lbd.core.settings import MB, AssignmentConfig, SheddingConfig
 from lbd.core.shedding import mean_and_std
 from lbd.workload.balance import BalanceScenario, BalanceSim, Event, RunResult
 
@@ -56,6 +63,7 @@ BUNDLES_PER_BROKER = 8
 """Bundles per broker at the least."""
 LARGEST_SHARE = 0.25
 """The largest bundle's traffic as a share of the smallest broker's capacity."""
+ASSIGNMENT = AssignmentConfig()
 EMA_ONLY_SHARES = (0.0, 0.0, 1 / 3, 1.0)
 """The share of a cluster's brokers that report only the EMAs, one drawn per cluster."""
 LATE_SHARES = (0.0, 0.0, 1 / 3)
@@ -89,6 +97,8 @@ class Judged:
     final_std: float
     ping_pongs: int
     run: RunResult
+    forbidden_moves: int = 0
+    """Transfers the cluster's placement rules did not allow when they were made."""
 
 
 def _names(brokers: int, first: int = 1) -> list[BrokerId]:
@@ -131,18 +141,80 @@ def _spread(weights: Sequence[float], total: float, largest: float) -> list[floa
     return shares
 
 
-def best_spread(traffic: Mapping[BundleId, float], capacity: Mapping[BrokerId, float]) -> float:
+def best_spread(
+    traffic: Mapping[BundleId, float],
+    capacity: Mapping[BrokerId, float],
+    rules: PlacementRules | None = None,
+) -> float:
     """The std of the carried load after a placement made by hand: each bundle, heaviest first,
-    on the broker with the least load for its size."""
+    on the broker with the least load for its size that the placement ``rules`` allow."""
     carried = dict.fromkeys(capacity, 0.0)
-    for bundle in sorted(traffic, key=lambda b: (-traffic[b], b)):
-        broker = min(carried, key=lambda b: (carried[b] / capacity[b], b))
-        carried[broker] += traffic[bundle]
+    _fill(traffic, capacity, capacity, carried, rules or PlacementRules({}))
     return mean_and_std(c / 2 / (capacity[b] * MB) for b, c in carried.items())[1]
 
 
-def generate(seed: int, target_std: float) -> Generated:
-    """The cluster of ``seed``, judged against ``target_std`` where it can reach it."""
+def _fill(
+    traffic: Mapping[BundleId, float],
+    capacity: Mapping[BrokerId, float],
+    weight: Mapping[BrokerId, float],
+    carried: dict[BrokerId, float],
+    rules: PlacementRules,
+) -> dict[BundleId, BrokerId]:
+    """Each bundle, heaviest first, on the broker with the least ``carried`` load for its
+    ``weight`` among those the ``rules`` allow (all of them when the rules leave none)."""
+    placement: dict[BundleId, BrokerId] = {}
+    moves = rules.at([BrokerCandidate(b) for b in sorted(capacity)], ASSIGNMENT, {})
+    for bundle in sorted(traffic, key=lambda b: (-traffic[b], b)):
+        allowed = moves.allowed(bundle) or carried
+        broker = min(allowed, key=lambda b: (carried[b] / weight[b], b))
+        placement[bundle] = broker
+        moves.placed(bundle, broker)
+        carried[broker] += traffic[bundle]
+    return placement
+
+
+def draw_rules(
+    names: Sequence[NamespaceName],
+    brokers: Sequence[BrokerId],
+    traffic: Mapping[BundleId, float],
+    rng: random.Random,
+) -> dict[NamespaceName, NamespacePolicies]:
+    """The placement rules of a cluster: none on two clusters in five; else namespaces isolated
+    on primaries enough for their traffic (and a spare), an anti-affinity group of two to five
+    namespaces, or both. Joining brokers are never primaries."""
+    kind = rng.choice(("none", "none", "isolation", "anti-affinity", "both"))
+    policies: dict[NamespaceName, NamespacePolicies] = {}
+    if kind in ("isolation", "both") and len(names) >= 2 and len(brokers) >= 4:
+        isolated = rng.sample(list(names), rng.randint(1, min(3, len(names) // 2)))
+        total = math.fsum(traffic.values())
+        for namespace in isolated:
+            share = math.fsum(t for b, t in traffic.items() if b.startswith(f"{namespace}/"))
+            need = math.ceil(len(brokers) * share / total) + 1
+            primaries = sorted(rng.sample(list(brokers), min(len(brokers) // 2, max(2, need))))
+            policies[namespace] = NamespacePolicies(
+                isolation=IsolationPolicy(
+                    primary=("|".join(re.escape(b) for b in primaries),),
+                    secondary=(".*",) if rng.random() < 0.5 else (),
+                )
+            )
+    if kind in ("anti-affinity", "both"):
+        free = [n for n in names if n not in policies]
+        for namespace in rng.sample(free, min(len(free), rng.randint(2, 5))):
+            policies[namespace] = NamespacePolicies(anti_affinity_group="spread")
+    return policies
+
+
+def _describe_rules(policies: Mapping[NamespaceName, NamespacePolicies]) -> str:
+    isolated = sum(1 for p in policies.values() if p.isolation is not None)
+    grouped = sum(1 for p in policies.values() if p.anti_affinity_group is not None)
+    parts = [f"{isolated} namespaces isolated"] if isolated else []
+    parts += [f"{grouped} in an anti-affinity group"] if grouped else []
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def generate(seed: int, target_std: float, *, rules: bool = True) -> Generated:
+    """The cluster of ``seed``, judged against ``target_std`` where it can reach it; without
+    placement rules when not ``rules`` (the clusters as drawn before there were any)."""
     rng = random.Random(f"cluster-{seed}")
     count = round(math.exp(rng.uniform(math.log(3), math.log(200))))
     mixed = rng.random() < 0.5
@@ -161,7 +233,14 @@ def generate(seed: int, target_std: float) -> Generated:
     largest = LARGEST_SHARE * 2 * min(capacity.values()) * MB
     traffic = dict(zip(bundles, _spread(weights, total, largest), strict=True))
     start = rng.choice(("balanced", "skewed", "random"))
-    placement = _place(start, traffic, capacity, rng)
+    # Drawn apart, so that a cluster's rules do not change the rest of it.
+    policies = (
+        draw_rules(names, sorted(capacity), traffic, random.Random(f"rules-{seed}"))
+        if rules
+        else {}
+    )
+    placement_rules = PlacementRules(policies)
+    placement = _place(start, traffic, capacity, rng, placement_rules)
 
     events: list[Event] = []
     kinds: list[str] = []
@@ -172,7 +251,7 @@ def generate(seed: int, target_std: float) -> Generated:
     spare = count + 1  # the next new broker's number
     if start != "balanced":
         kinds.append(f"{start} start")
-        targets.append(_target(traffic, factors, up, target_std))
+        targets.append(_target(traffic, factors, up, target_std, placement_rules))
     at = 1 if start == "balanced" else rng.randint(MIN_GAP, 2 * MIN_GAP)
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice(("join", "leave", "restart", "hot", "hot-moves"))
@@ -194,7 +273,7 @@ def generate(seed: int, target_std: float) -> Generated:
             kinds.append(f"{len(leaving)} {kind}")
             if kind == "restart":
                 back = at + rng.randint(2, 5)
-                targets.append(_target(traffic, factors, up, target_std))
+                targets.append(_target(traffic, factors, up, target_std, placement_rules))
                 up.update(sizes)
                 events.append(Event(at=back, join=sizes))
                 kinds.append(f"{len(leaving)} back")
@@ -210,7 +289,7 @@ def generate(seed: int, target_std: float) -> Generated:
             factors[hot] = factors.get(hot, 1.0) * factor
             events.append(Event(at=at, traffic=change))
             kinds.append(f"{hot} x{factor:g}" + (" (moved)" if kind == "hot-moves" else ""))
-        targets.append(_target(traffic, factors, up, target_std))
+        targets.append(_target(traffic, factors, up, target_std, placement_rules))
         at += rng.randint(MIN_GAP, 2 * MIN_GAP)
     everyone = sorted(set(capacity) | {b for e in events for b in e.join})
     ema_share = rng.choice(EMA_ONLY_SHARES)
@@ -223,8 +302,8 @@ def generate(seed: int, target_std: float) -> Generated:
     scenario = BalanceScenario(
         name=f"generated {seed}",
         description=f"{count} brokers ({'mixed sizes' if mixed else 'one size'}{reports}), "
-        f"{len(bundles)} bundles in {namespaces} namespaces at {utilisation:.0%}; "
-        + ", ".join(kinds),
+        f"{len(bundles)} bundles in {namespaces} namespaces{_describe_rules(policies)} at "
+        f"{utilisation:.0%}; " + ", ".join(kinds),
         brokers=capacity,
         traffic=traffic,
         placement=placement,
@@ -233,6 +312,7 @@ def generate(seed: int, target_std: float) -> Generated:
         disturbed_at_start=start != "balanced",
         ema_only=ema_only,
         report_every=report_every,
+        policies=policies,
     )
     return Generated(seed, scenario, tuple(targets), tuple(kinds))
 
@@ -242,21 +322,21 @@ def _place(
     traffic: Mapping[BundleId, float],
     capacity: Mapping[BrokerId, float],
     rng: random.Random,
+    rules: PlacementRules,
 ) -> dict[BundleId, BrokerId]:
     brokers = sorted(capacity)
     if start == "random":
-        return {b: rng.choice(brokers) for b in traffic}
+        moves = rules.at([BrokerCandidate(b) for b in brokers], ASSIGNMENT, {})
+        placement: dict[BundleId, BrokerId] = {}
+        for bundle in traffic:
+            placement[bundle] = rng.choice(sorted(moves.allowed(bundle)) or brokers)
+            moves.placed(bundle, placement[bundle])
+        return placement
     weight = dict(capacity)
     if start == "skewed":  # a few brokers count as a third of their size when placing
         for b in rng.sample(brokers, max(1, len(brokers) // 5)):
             weight[b] = capacity[b] / 3
-    carried = dict.fromkeys(brokers, 0.0)
-    placement: dict[BundleId, BrokerId] = {}
-    for bundle in sorted(traffic, key=lambda b: (-traffic[b], b)):
-        broker = min(carried, key=lambda b: (carried[b] / weight[b], b))
-        placement[bundle] = broker
-        carried[broker] += traffic[bundle]
-    return placement
+    return _fill(traffic, capacity, weight, dict.fromkeys(brokers, 0.0), rules)
 
 
 def _target(
@@ -264,9 +344,10 @@ def _target(
     factors: Mapping[NamespaceName, float],
     capacity: Mapping[BrokerId, float],
     target_std: float,
+    rules: PlacementRules,
 ) -> float:
     now = {b: t * factors.get(NamespaceName(*b.split("/")[:2]), 1.0) for b, t in traffic.items()}
-    return max(target_std, best_spread(now, capacity) + SLACK)
+    return max(target_std, best_spread(now, capacity, rules) + SLACK)
 
 
 def evaluate(generated: Generated, strategy: str, config: SheddingConfig) -> Judged:
@@ -293,6 +374,7 @@ def evaluate(generated: Generated, strategy: str, config: SheddingConfig) -> Jud
         final_std=run.final_std,
         ping_pongs=run.ping_pongs,
         run=run,
+        forbidden_moves=run.forbidden_moves,
     )
 
 
@@ -346,9 +428,11 @@ GOAL_CYCLES = 3
 PLANNER, BASELINE = "cluster_planner", "transfer_shedder"
 
 
-def judge_all(seed: int, strategies: Sequence[str], config: SheddingConfig) -> list[Judged]:
+def judge_all(
+    seed: int, strategies: Sequence[str], config: SheddingConfig, *, rules: bool = True
+) -> list[Judged]:
     """Every strategy on the cluster of ``seed`` (one unit of work for a process pool)."""
-    generated = generate(seed, config.target_std)
+    generated = generate(seed, config.target_std, rules=rules)
     return [evaluate(generated, strategy, config) for strategy in strategies]
 
 
@@ -368,6 +452,8 @@ def misses(judged: Sequence[Judged]) -> list[str]:
         out.append(f"{mine.moves} moves against {BASELINE}'s {baseline.moves}")
     if mine.ping_pongs:
         out.append(f"{mine.ping_pongs} ping-pongs")
+    if mine.forbidden_moves:
+        out.append(f"{mine.forbidden_moves} moves a placement rule forbids")
     return out
 
 
@@ -380,6 +466,7 @@ DISTRIBUTION_COLUMNS = (
     "moves p50/p90/p99",
     "final std p50/p90/p99",
     "with ping-pongs",
+    "with forbidden moves",
 )
 
 
@@ -405,6 +492,7 @@ def distribution(judged: Sequence[Judged], strategies: Sequence[str]) -> list[tu
                     f"{percentile([j.final_std for j in mine], p):.3f}" for p in (0.5, 0.9, 0.99)
                 ),
                 str(sum(1 for j in mine if j.ping_pongs)),
+                str(sum(1 for j in mine if j.forbidden_moves)),
             )
         )
     return rows

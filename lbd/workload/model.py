@@ -22,6 +22,10 @@ The model holds brokers with a capacity, bundles with traffic, and who owns what
   load; an unload leaves the bundle without an owner until :meth:`LoadModel.place_orphans`
   places it as the next lookup would (the core's ``select_broker``). A broker that leaves
   leaves its bundles without an owner the same way.
+- Placement rules (isolation, anti-affinity: :class:`~lbd.core.assign.PlacementRules`) bind
+  the model as they bind the assigner: placements follow them, the snapshot carries the moves
+  they allow (``allowed_destinations``), and a transfer they forbid is carried out but counted
+  (:attr:`LoadModel.forbidden`), so that a strategy that breaks them shows.
 
 The model is pure and deterministic for a seed; it knows nothing of the channel, the clock or
 the network.
@@ -34,7 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from lbd.core.assign import BrokerCandidate, select_broker
+from lbd.core.assign import BrokerCandidate, PlacementRules, select_broker
+from lbd.core.bundles import parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import (
     BrokerLoadData,
@@ -112,11 +117,12 @@ class LoadModel:
         now_ms: int = START_MS,
         top_count: int | None = TOP_BUNDLES,
         assignment: AssignmentConfig | None = None,
+        rules: PlacementRules | None = None,
     ) -> None:
         """``capacity``: each broker's network capacity, MB/s each way; ``traffic``: each
         bundle's bytes/s in plus out; ``owners``: the initial placement (the rest are placed by
         the first :meth:`place_orphans`); ``top_count``: bundles per top-bundles report (None:
-        all of them)."""
+        all of them); ``rules``: the namespaces' placement rules (none by default)."""
         self.capacity: dict[BrokerId, float] = dict(capacity)
         self.traffic: dict[BundleId, float] = dict(traffic)
         self.owners: dict[BundleId, BrokerId] = dict(owners or {})
@@ -142,6 +148,9 @@ class LoadModel:
         self.moves: list[Move] = []
         """Every move so far, placements of unloaded bundles included (not first placements)."""
         self._unloaded: set[BundleId] = set()
+        self.rules = rules or PlacementRules({})
+        self.forbidden: list[Move] = []
+        """Transfers the placement rules did not allow when they were made."""
 
     # -- the world ------------------------------------------------------------------------------
 
@@ -170,12 +179,15 @@ class LoadModel:
 
     def place_orphans(self) -> list[Move]:
         """Place every bundle with traffic and no owner as the next lookup would; the moves."""
-        candidates = [BrokerCandidate(b) for b in sorted(self.capacity)]
+        candidates = self._candidates()
         placed: list[Move] = []
         for bundle in self.traffic:
             if bundle in self.owners:
                 continue
-            selection = select_broker(bundle, candidates, self.loads, self._assignment, self.rng)
+            placement = self.rules.placement(parse_bundle_id(bundle).namespace, self.owners)
+            selection = select_broker(
+                bundle, candidates, self.loads, self._assignment, self.rng, placement
+            )
             if selection.broker is None:
                 continue
             self.owners[bundle] = selection.broker
@@ -260,17 +272,25 @@ class LoadModel:
             horizon = self.now_ms - max(config.bundle_grace_period_s, config.cooldown_s) * 1000
             _forget_before(self.unloaded_bundles, horizon)
             _forget_before(self.unloaded_brokers, horizon)
+        owners = {b: o for b, o in self.owners.items() if b in self.traffic}
         tops: dict[BrokerId, tuple[BundleLoad, ...]] = {}
         for broker, bundles in self.owned().items():
             loads = [BundleLoad(b, self.traffic[b] / 2, self.traffic[b] / 2) for b in bundles]
             count = len(loads) if self._top_count is None else self._top_count
             tops[broker] = top_bundles(loads, count)
+        allowed: dict[BundleId, frozenset[BrokerId]] = {}
+        rules = None
+        if self.rules.binds:  # as the leader: for the bundles the brokers reported
+            rules = self.rules.at(self._candidates(), self._assignment, self.owners)
+            allowed = rules.destinations(b.bundle for top in tops.values() for b in top)
         return LoadSnapshot(
             brokers={b: self.loads.get(b) for b in self.capacity},
             top_bundles=tops,
-            owners={b: o for b, o in self.owners.items() if b in self.traffic},
+            owners=owners,
             recently_unloaded_bundles=dict(self.unloaded_bundles),
             recently_unloaded_brokers=dict(self.unloaded_brokers),
+            allowed_destinations=allowed,
+            move_rules=rules,
         )
 
     def shed(self, strategy: str, config: SheddingConfig) -> SheddingResult:
@@ -284,6 +304,7 @@ class LoadModel:
         """Carry ``decisions`` out at once; the moves made (a decision whose bundle is no longer
         on its source is dropped, as the leader's would be)."""
         made: list[Move] = []
+        candidates = self._candidates() if self.rules.binds else []
         for d in decisions:
             if self.owners.get(d.bundle) != d.src:
                 continue
@@ -295,11 +316,18 @@ class LoadModel:
                 self._unloaded.add(d.bundle)
                 move = Move(self.now_ms, d.bundle, d.src, None, throughput)
             else:
-                self.owners[d.bundle] = d.dst
                 move = Move(self.now_ms, d.bundle, d.src, d.dst, throughput)
+                if self.rules.binds and not self.rules.allows(
+                    d.bundle, d.dst, candidates, self._assignment, self.owners
+                ):
+                    self.forbidden.append(move)
+                self.owners[d.bundle] = d.dst
             self.moves.append(move)
             made.append(move)
         return made
+
+    def _candidates(self) -> list[BrokerCandidate]:
+        return [BrokerCandidate(b) for b in sorted(self.capacity)]
 
 
 def moves_per_broker(moves: Sequence[Move]) -> dict[BrokerId, int]:

@@ -3,10 +3,13 @@
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lbd.core.assign import (
     BrokerCandidate,
     Placement,
+    PlacementRules,
     anti_affinity_counts,
     anti_affinity_filter,
     isolation_filter,
@@ -272,3 +275,97 @@ def test_select_broker_rejects_duplicate_candidates() -> None:
 def test_select_broker_rejects_a_bad_bundle_id() -> None:
     with pytest.raises(InvalidInputError, match="invalid bundle id"):
         select_broker(BundleId("nope"), [BrokerCandidate(B1)], {}, CONFIG, random.Random(1))
+
+
+# -- the rules over a whole cluster, for a shedding cycle's moves ------------------------------
+
+NAMESPACES = [NamespaceName("t", f"ns-{i}") for i in range(4)]
+BROKERS = [B1, B2, B3, B4]
+
+
+def bundles_of(namespace: NamespaceName, count: int) -> list[BundleId]:
+    step = 0x100000000 // count
+    return [
+        BundleId(f"{namespace}/0x{i * step:08x}_0x{min((i + 1) * step, 0xFFFFFFFF):08x}")
+        for i in range(count)
+    ]
+
+
+@st.composite
+def clusters(
+    draw: st.DrawFn,
+) -> tuple[PlacementRules, dict[BundleId, BrokerId], list[tuple[BundleId, BrokerId, BrokerId]]]:
+    """Rules (an anti-affinity group, maybe an isolation policy), an ownership, a cycle's moves."""
+    policies: dict[NamespaceName, NamespacePolicies] = {}
+    for namespace in NAMESPACES:
+        kind = draw(st.sampled_from(("none", "group", "isolated")))
+        if kind == "group":
+            policies[namespace] = NamespacePolicies(anti_affinity_group="g")
+        elif kind == "isolated":
+            primaries = draw(st.lists(st.sampled_from(BROKERS), min_size=1, max_size=2))
+            policies[namespace] = NamespacePolicies(
+                isolation=IsolationPolicy(
+                    primary=tuple(b.replace(".", r"\.") for b in primaries),
+                    secondary=draw(st.sampled_from(((), (".*",)))),
+                )
+            )
+    bundles = [b for ns in NAMESPACES for b in bundles_of(ns, draw(st.integers(1, 4)))]
+    owners = {b: draw(st.sampled_from(BROKERS)) for b in bundles}
+    moves = []
+    now = dict(owners)
+    for bundle in draw(st.lists(st.sampled_from(bundles), max_size=4, unique=True)):
+        dst = draw(st.sampled_from(BROKERS))
+        moves.append((bundle, now[bundle], dst))
+        now[bundle] = dst
+    return PlacementRules(policies), owners, moves
+
+
+@given(clusters())
+@settings(max_examples=150, deadline=None)
+def test_the_rules_for_a_cycle_allow_what_the_filters_allow_on_the_ownership_then(
+    cluster: tuple[
+        PlacementRules, dict[BundleId, BrokerId], list[tuple[BundleId, BrokerId, BrokerId]]
+    ],
+) -> None:
+    """MoveRules counts once for many bundles and adds the cycle's earlier moves by deltas;
+    it must agree with the filters run afresh on the ownership those moves leave."""
+    rules, owners, moves = cluster
+    candidates = [BrokerCandidate(b) for b in BROKERS]
+    at = rules.at(candidates, CONFIG, owners)
+    after = dict(owners)
+    for bundle, _, dst in moves:
+        after[bundle] = dst
+    for bundle in owners:
+        for broker in BROKERS:
+            alone = rules.allows(bundle, broker, candidates, CONFIG, owners)
+            assert at.allows(bundle, broker) == alone, (bundle, broker)
+            planned = [m for m in moves if m[0] != bundle]
+            # Longest first: a shorter list is no continuation of the moves counted before.
+            for chosen in range(len(planned), -1, -1):
+                then = dict(owners)
+                for moved, _, dst in planned[:chosen]:
+                    then[moved] = dst
+                expected = rules.allows(bundle, broker, candidates, CONFIG, then)
+                assert at.allows(bundle, broker, planned[:chosen]) == expected, (
+                    bundle,
+                    broker,
+                    planned[:chosen],
+                )
+
+
+def test_two_bundles_of_a_group_may_not_both_go_to_the_one_broker_without_any() -> None:
+    first, second = NAMESPACES[0], NAMESPACES[1]
+    rules = PlacementRules(
+        {ns: NamespacePolicies(anti_affinity_group="g") for ns in (first, second)}
+    )
+    [a] = bundles_of(first, 1)
+    [b] = bundles_of(second, 1)
+    owners = {a: B1, b: B2, **dict.fromkeys(bundles_of(NAMESPACES[2], 2), B3)}
+    at = rules.at([BrokerCandidate(x) for x in (B1, B2, B3)], CONFIG, owners)
+    # Each alone may go to B3, which owns none of the group...
+    assert at.allows(a, B3) and at.allows(b, B3)
+    # ...but once one goes there, the other may not: B1 (left empty) owns fewer.
+    assert not at.allows(b, B3, [(a, B1, B3)])
+    assert at.allowed(b, [(a, B1, B3)]) == {B1, B2}
+    # Without the cycle's moves, each may stay or go to B3 (its own broker counts it alone).
+    assert at.destinations([a, b]) == {a: frozenset({B1, B3}), b: frozenset({B2, B3})}

@@ -182,6 +182,8 @@ class _Picker:
         self.now_ms = now_ms
         self.without_top_bundles = 0
         self.without_movable_bundles = 0
+        self.picked: list[UnloadDecision] = []
+        """Every decision of the cycle so far (the placement rules count them)."""
 
     def pick(self, pair: _Pair) -> list[UnloadDecision]:
         """The bundles ``pair.src`` gives ``pair.dst``: largest first, each that still fits."""
@@ -213,6 +215,7 @@ class _Picker:
             chosen.append(
                 UnloadDecision(bundle.bundle, pair.src, dst_id, DecisionReason.OVERLOADED)
             )
+            self.picked.append(chosen[-1])
             to_move -= amount
             left -= 1
         if not chosen:
@@ -224,7 +227,10 @@ class _Picker:
         return (
             snapshot.owner_of(bundle.bundle, pair.src) == pair.src
             and not snapshot.in_grace_period(bundle.bundle, self.config, self.now_ms)
-            and (not self.config.transfer_enabled or snapshot.may_move_to(bundle.bundle, pair.dst))
+            and (
+                not self.config.transfer_enabled
+                or snapshot.may_move_to(bundle.bundle, pair.dst, self.picked)
+            )
         )
 
     def skip_reason(self) -> SkipReason:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad
 from lbd.core.settings import SheddingConfig
+
+if TYPE_CHECKING:
+    from lbd.core.assign import MoveRules
 
 MB = 1024 * 1024
 """Bytes in the megabyte of ``min_throughput_threshold`` (Pulsar's ``MB``)."""
@@ -76,6 +80,9 @@ class LoadSnapshot:
     allowed_destinations: Mapping[BundleId, frozenset[BrokerId]] = field(default_factory=dict)
     """Placement rules as the leader evaluated them (isolation, anti-affinity): a bundle listed
     here may only move to these brokers; an unlisted bundle may move to any broker."""
+    move_rules: MoveRules | None = field(default=None, compare=False)
+    """The rules themselves, when the leader has them (a scenario file has only the map above):
+    :meth:`may_move_to` then counts the moves a cycle already chose."""
 
     def owner_of(self, bundle: BundleId, reporter: BrokerId) -> BrokerId:
         """The broker owning ``bundle``, defaulting to the broker that reported it."""
@@ -105,10 +112,19 @@ class LoadSnapshot:
             if self.owner_of(b.bundle, broker) == broker
         }
 
-    def may_move_to(self, bundle: BundleId, broker: BrokerId) -> bool:
-        """Whether the placement rules let ``bundle`` move to ``broker``."""
+    def may_move_to(
+        self, bundle: BundleId, broker: BrokerId, chosen: Sequence[UnloadDecision] = ()
+    ) -> bool:
+        """Whether the placement rules let ``bundle`` move to ``broker`` after the moves this
+        cycle already ``chosen`` (two bundles of an anti-affinity group may each be allowed on
+        a broker alone, and not both)."""
         allowed = self.allowed_destinations.get(bundle)
-        return allowed is None or broker in allowed
+        if allowed is not None and broker not in allowed:
+            return False
+        if self.move_rules is None or not chosen:
+            return True
+        planned = [(d.bundle, d.src, d.dst) for d in chosen]
+        return self.move_rules.allows(bundle, broker, planned)
 
     def in_grace_period(self, bundle: BundleId, config: SheddingConfig, now_ms: int) -> bool:
         """Whether ``bundle`` was unloaded less than ``bundle_grace_period_s`` before ``now_ms``."""
@@ -133,6 +149,7 @@ class LoadSnapshot:
             recently_unloaded_bundles=bundles,
             recently_unloaded_brokers=brokers,
             allowed_destinations=self.allowed_destinations,
+            move_rules=self.move_rules,
         )
 
 

@@ -601,7 +601,7 @@ class _Plan:
                 continue
             if only is not None and broker not in only:
                 continue
-            if not self.snapshot.may_move_to(bundle.bundle, broker):
+            if not self.snapshot.may_move_to(bundle.bundle, broker, self.decisions):
                 continue
             if (bundle.bundle, broker) in self.left:
                 continue

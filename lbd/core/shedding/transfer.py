@@ -211,8 +211,19 @@ class _Cycle:
             and bundle.msg_throughput > 0
             # As Pulsar's isTransferable, for a plain unload too: the pair's destination must be
             # allowed, although the next lookup may place the bundle elsewhere.
-            and self.snapshot.may_move_to(bundle.bundle, to)
+            and self.snapshot.may_move_to(bundle.bundle, to, self.decisions)
         )
+
+    def _allowed_in_order(self, moves: list[UnloadDecision]) -> bool:
+        """Whether the placement rules allow each of ``moves`` after the cycle's decisions and
+        the moves before it (a swap's bundles were each checked before the others were
+        chosen)."""
+        done = list(self.decisions)
+        for move in moves:
+            if move.dst is not None and not self.snapshot.may_move_to(move.bundle, move.dst, done):
+                return False
+            done.append(move)
+        return True
 
     def _smallest_first(self, broker: BrokerId) -> list[BundleLoad]:
         reported = self.snapshot.top_bundles.get(broker, ())
@@ -255,8 +266,12 @@ class _Cycle:
                 )
                 if swap is None:
                     break
+                backs = [UnloadDecision(back.bundle, dst, src, reason) for back in swap]
+                forward = UnloadDecision(bundle.bundle, src, dst, reason)
+                if not self._allowed_in_order([*backs, forward]):
+                    break  # each was allowed alone, not all of them after one another
+                self.decisions.extend(backs)
                 for back in swap:
-                    self.decisions.append(UnloadDecision(back.bundle, dst, src, reason))
                     gained += back.msg_throughput
             self.decisions.append(
                 UnloadDecision(bundle.bundle, src, dst if transfer else None, reason)

@@ -20,9 +20,10 @@ from collections.abc import Collection, Iterable, Mapping
 
 from lbd.core.assign import (
     BrokerCandidate,
+    MoveRules,
     Placement,
+    PlacementRules,
     Selection,
-    filter_candidates,
     select_broker,
 )
 from lbd.core.broker_info import BrokerInfo
@@ -95,51 +96,29 @@ class Assigner:
             records = await self._namespaces.list()
         return self._choose(bundle, records, among=among, avoid=avoid, exclude=exclude)
 
+    async def move_rules(self) -> MoveRules:
+        """The placement rules over the cluster as it is now, for a shedding cycle's moves: the
+        assignment filters (max topics, version, isolation, anti-affinity) over the registered
+        brokers, never a cordoned one (:class:`~lbd.core.assign.MoveRules`)."""
+        records = await self._namespaces.list()
+        cordoned = self._maintenance.cordoned()
+        registered = self._registry.brokers()
+        candidates = self._candidates(
+            {b: i for b, i in registered.items() if b not in cordoned}, self._loads.brokers()
+        )
+        return _rules(records).at(
+            candidates, self._config, self._follower.table.owners(), frozenset(registered)
+        )
+
     async def move_destinations(
         self, bundles: Iterable[BundleId]
     ) -> dict[BundleId, frozenset[BrokerId]]:
         """For each of ``bundles`` that a placement rule binds, the registered brokers it may
-        move to: the assignment filters (max topics, version, isolation, anti-affinity), with
-        the bundle itself left out of the anti-affinity counts, and never a cordoned broker.
-        Bundles no rule binds (and those of a namespace that no longer exists) are left out:
-        they may go anywhere. While some broker is cordoned, every bundle is listed (with the
-        brokers left: it may go to none of the cordoned)."""
-        records = await self._namespaces.list()
-        isolated = any(r.policies.isolation is not None for r in records)
-        loads = self._loads.brokers()
-        cordoned = self._maintenance.cordoned()
-        registered = self._registry.brokers()
-        candidates = self._candidates(
-            {b: i for b, i in registered.items() if b not in cordoned}, loads
-        )
-        everyone = frozenset(registered)
-        open_ = frozenset(c.broker for c in candidates)
-        owners = self._follower.table.owners()
-        out: dict[BundleId, frozenset[BrokerId]] = {}
-        for bundle in bundles:
-            namespace = parse_bundle_id(bundle).namespace
-            record = next((r for r in records if r.name == namespace), None)
-            if record is None or (not isolated and record.policies.anti_affinity_group is None):
-                if open_ != everyone:  # no rule binds it, but the cordons do
-                    out[bundle] = open_
-                continue
-            policies = record.policies
-            placement = self._placement(record, records)
-            if policies.anti_affinity_group is not None:
-                others = {b: o for b, o in owners.items() if b != bundle}
-                placement = Placement(
-                    policies=placement.policies,
-                    cluster_isolation=placement.cluster_isolation,
-                    ownership=others,
-                    anti_affinity_groups=placement.anti_affinity_groups,
-                )
-            kept = frozenset(
-                c.broker
-                for c in filter_candidates(bundle, candidates, self._config, placement).kept
-            )
-            if kept != everyone:
-                out[bundle] = kept
-        return out
+        move to (:meth:`move_rules`), with the bundle itself left out of the anti-affinity
+        counts. Bundles no rule binds are left out: they may go anywhere (a namespace that no
+        longer exists has no policies). While some broker is cordoned, every bundle is listed
+        (with the brokers left: it may go to none of the cordoned)."""
+        return (await self.move_rules()).destinations(bundles)
 
     def _candidates(
         self, brokers: Mapping[BrokerId, BrokerInfo], loads: Mapping[BrokerId, BrokerLoadData]
@@ -229,19 +208,14 @@ class Assigner:
         return True
 
     def _placement(self, record: NamespaceRecord, records: list[NamespaceRecord]) -> Placement:
-        groups = {
-            r.name: r.policies.anti_affinity_group
-            for r in records
-            if r.policies.anti_affinity_group is not None
-        }
-        return Placement(
-            policies=record.policies,
-            cluster_isolation=tuple(
-                r.policies.isolation for r in records if r.policies.isolation is not None
-            ),
-            ownership=self._follower.table.owners() if record.policies.anti_affinity_group else {},
-            anti_affinity_groups=groups,
+        grouped = record.policies.anti_affinity_group is not None
+        return _rules(records).placement(
+            record.name, self._follower.table.owners() if grouped else {}
         )
+
+
+def _rules(records: list[NamespaceRecord]) -> PlacementRules:
+    return PlacementRules({r.name: r.policies for r in records})
 
 
 def _record_of(bundle: BundleId, records: list[NamespaceRecord]) -> NamespaceRecord:

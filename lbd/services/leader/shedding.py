@@ -30,9 +30,10 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from lbd.core.assign import MoveRules
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BundleLoad
 from lbd.core.operations import (
@@ -68,8 +69,8 @@ from lbd.tasks import cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
-MoveDestinations = Callable[[Iterable[BundleId]], Awaitable[Mapping[BundleId, frozenset[BrokerId]]]]
-"""Where each of some bundles may move (``Assigner.move_destinations``)."""
+MoveDestinations = Callable[[], Awaitable[MoveRules]]
+"""The placement rules over the cluster as it is now (``Assigner.move_rules``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +231,9 @@ class UnloadScheduler:
             snapshot = self._snapshot(now)
             if self._destinations is not None:
                 reported = [b.bundle for top in snapshot.top_bundles.values() for b in top]
+                rules = await self._destinations()
                 snapshot = dataclasses.replace(
-                    snapshot, allowed_destinations=await self._destinations(reported)
+                    snapshot, allowed_destinations=rules.destinations(reported), move_rules=rules
                 )
             config = self._config
             if asked:
