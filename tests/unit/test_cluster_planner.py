@@ -278,6 +278,23 @@ def test_placement_rules_bound_the_destinations() -> None:
     assert all(dst == "c" for _, src, dst in moves if src == "a")
 
 
+def test_bundles_the_rules_bind_are_balanced_among_their_own_brokers() -> None:
+    # An isolated namespace on primaries a and b, both over the cluster's mean (c and d carry
+    # the rest): a bundle from a to b lowers the spread, though b is not under the mean.
+    primaries = frozenset({BrokerId("a"), BrokerId("b")})
+    snapshot = cluster(
+        {"a": [20] * 5, "b": [40, 20], "c": [5, 5], "d": [5, 5]},
+        allowed_destinations={
+            bundle(broker, i): primaries
+            for broker, count in (("a", 5), ("b", 2))
+            for i in range(count)
+        },
+    )
+    moves, skip, _ = shed(snapshot)
+    assert skip is None and moves
+    assert all((src, dst) == ("a", "b") for _, src, dst in moves)
+
+
 def test_grace_period_last_bundle_and_foreign_owner_are_respected() -> None:
     a0, a1, a2 = (bundle("a", i) for i in range(3))
     snapshot = cluster(

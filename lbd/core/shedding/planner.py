@@ -132,14 +132,15 @@ class Estimate:
         self, decisions: tuple[UnloadDecision, ...], throughput: Mapping[BundleId, float]
     ) -> dict[BrokerId, float]:
         """The loads once ``decisions`` (with a destination) have moved bundles of the given
-        throughputs."""
+        throughputs, as the planner projects them (a broker of unknown size filled at
+        :meth:`fill_per_byte`)."""
         loads = dict(self.loads)
         for d in decisions:
             if d.dst is None:
                 continue
             t = throughput[d.bundle]
             loads[d.src] -= t * self.per_byte[d.src]
-            loads[d.dst] += t * self.per_byte[d.dst]
+            loads[d.dst] += t * self.fill_per_byte(d.dst)
         return loads
 
 
@@ -542,11 +543,16 @@ class _Plan:
         mean = s1 / n
         best: tuple[float, float, BundleLoad, BrokerId, BrokerId] | None = None
         ascending = sorted(self.order, key=lambda b: self.projected[b])
+        means: dict[frozenset[BrokerId], float] = {}
         for src in self._source_candidates(ascending[::-1], sources):
             ls = self.projected[src]
-            if ls <= mean:
-                continue
             for bundle in self.movable[src]:
+                # A bundle the placement rules bind is balanced among the brokers it may be on
+                # (an isolated namespace's primaries may all be over the cluster's mean).
+                bound = self.snapshot.allowed_destinations.get(bundle.bundle)
+                centre = mean if bound is None else self._mean_of(bound | {src}, means)
+                if ls <= centre:
+                    continue
                 t = bundle.msg_throughput
                 for dst in self._destination_candidates(ascending, bundle, src, destinations):
                     out, into = t * self.per_byte[src], t * self.fill_per_byte[dst]
@@ -554,10 +560,9 @@ class _Plan:
                     # Only from above the mean to below it, and never past each other: a
                     # source limited by max_brokers_per_cycle must not be drained to fill
                     # every idle broker.
-                    if ld >= mean or ls - out < ld + into:
+                    if ld >= centre or ls - out < ld + into:
                         continue
-                    d2 = (ls - out) ** 2 - ls * ls + (ld + into) ** 2 - ld * ld
-                    gain = variance - ((s2 + d2) / n - ((s1 - out + into) / n) ** 2)
+                    gain = self._gain(ls, ld, out, into, (n, s1, s2, variance))
                     if gain <= _EPSILON:
                         continue
                     # The largest gain; between equal gains, the fewer bytes.
@@ -565,6 +570,27 @@ class _Plan:
                     if best is None or key > best[:2]:
                         best = (gain, -t, bundle, src, dst)
         return None if best is None else best[2:]
+
+    @staticmethod
+    def _gain(
+        ls: float, ld: float, out: float, into: float, moments: tuple[int, float, float, float]
+    ) -> float:
+        """How much a move of ``out`` off a broker at ``ls`` and ``into`` onto one at ``ld``
+        lowers the variance (``moments``: count, sum, sum of squares, variance)."""
+        n, s1, s2, variance = moments
+        d2 = (ls - out) ** 2 - ls * ls + (ld + into) ** 2 - ld * ld
+        return variance - ((s2 + d2) / n - ((s1 - out + into) / n) ** 2)
+
+    def _mean_of(
+        self, brokers: frozenset[BrokerId], means: dict[frozenset[BrokerId], float]
+    ) -> float:
+        """The mean projected load of ``brokers`` (those the plan knows), remembered in
+        ``means`` for the rest of the search."""
+        found = means.get(brokers)
+        if found is None:
+            loads = [self.projected[b] for b in brokers if b in self.projected]
+            found = means[brokers] = math.fsum(loads) / len(loads)
+        return found
 
     def _source_candidates(
         self, descending: list[BrokerId], only: set[BrokerId] | None
