@@ -407,6 +407,12 @@ def _without(generated: Generated, index: int) -> Generated | None:
     kept = [e for i, e in enumerate(events) if i not in dropped]
     if not kept and not scenario.disturbed_at_start:
         return None
+    up = set(scenario.brokers)
+    for event in kept:
+        if not up.issuperset(event.leave):
+            return None  # a broker leaves that joined only in a dropped event
+        up.update(event.join)
+        up.difference_update(event.leave)
     keep = [i for i in range(len(kinds)) if i - offset not in dropped]
     return Generated(
         generated.seed,

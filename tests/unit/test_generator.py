@@ -160,6 +160,21 @@ def test_shrinking_keeps_the_failure_and_drops_what_does_not_cause_it() -> None:
     assert len(small.targets) == 1
 
 
+def test_shrinking_never_keeps_a_leave_of_a_broker_whose_join_it_dropped() -> None:
+    # Seed 1: two brokers join, then one of them restarts. Dropping the join alone would leave
+    # a schedule in which a broker that never came up leaves (the bench died of it).
+    g = generate(1, CONFIG.target_std)
+    assert any("join" in k for k in g.kinds) and any("restart" in k for k in g.kinds)
+    tried: list[Generated] = []
+
+    def fails(candidate: Generated) -> bool:  # runs every candidate, as the bench does
+        tried.append(candidate)
+        return bool(evaluate(candidate, "transfer_shedder", CONFIG).run.std_series)
+
+    shrink(g, fails)
+    assert tried
+
+
 def test_the_distribution_has_one_row_per_strategy_with_percentiles() -> None:
     judged = [j for seed in (1, 2, 3) for j in judge_all(seed, ["cluster_planner"], CONFIG)]
     [row] = distribution(judged, ["cluster_planner", "avg_shedder"])
