@@ -220,9 +220,6 @@ class Placement:
     """Current owner of each bundle, for anti-affinity."""
     anti_affinity_groups: Mapping[NamespaceName, str] = field(default_factory=dict)
     """Anti-affinity group of each namespace that has one."""
-    group_counts: Mapping[BrokerId, int] | None = None
-    """The bundle's anti-affinity counts already worked out (for many bundles at once, by
-    :meth:`PlacementRules.move_destinations`); None: counted from ``ownership``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,11 +250,8 @@ def filter_candidates(
     counts: Mapping[BrokerId, int] = {}
     if group is not None:
         # The namespace itself counts, so its own bundles spread too (as in Pulsar).
-        if placement.group_counts is not None:
-            counts = placement.group_counts
-        else:
-            groups = {**placement.anti_affinity_groups, namespace: group}
-            counts = anti_affinity_counts(group, placement.ownership, groups)
+        groups = {**placement.anti_affinity_groups, namespace: group}
+        counts = anti_affinity_counts(group, placement.ownership, groups)
     steps: tuple[Callable[[Sequence[BrokerCandidate]], FilterResult], ...] = (
         lambda cs: max_topics_filter(cs, config.max_topics_per_broker),
         lambda cs: version_filter(cs, config.required_broker_version),
@@ -328,10 +322,7 @@ class PlacementRules:
         return self.policies.get(namespace) or NamespacePolicies()
 
     def placement(
-        self,
-        namespace: NamespaceName,
-        ownership: Mapping[BundleId, BrokerId],
-        group_counts: Mapping[BrokerId, int] | None = None,
+        self, namespace: NamespaceName, ownership: Mapping[BundleId, BrokerId]
     ) -> Placement:
         """What the filters need to place a bundle of ``namespace``, ``ownership`` being every
         bundle's owner (read only for an anti-affinity group)."""
@@ -342,7 +333,6 @@ class PlacementRules:
             cluster_isolation=self.isolation,
             ownership=ownership if grouped else {},
             anti_affinity_groups=self.groups,
-            group_counts=group_counts if grouped else None,
         )
 
     def allows(
@@ -372,17 +362,6 @@ class PlacementRules:
         moves, ``owners`` every bundle's owner, ``everyone`` every registered broker (default:
         the candidates; a cordoned broker is no candidate)."""
         return MoveRules(self, candidates, config, owners, everyone)
-
-    def move_destinations(
-        self,
-        bundles: Iterable[BundleId],
-        candidates: Sequence[BrokerCandidate],
-        config: AssignmentConfig,
-        owners: Mapping[BundleId, BrokerId],
-        everyone: frozenset[BrokerId] | None = None,
-    ) -> dict[BundleId, frozenset[BrokerId]]:
-        """:meth:`MoveRules.destinations` of ``bundles`` (see :meth:`at`)."""
-        return self.at(candidates, config, owners, everyone).destinations(bundles)
 
 
 Planned = Sequence[tuple[BundleId, BrokerId, BrokerId | None]]
@@ -416,7 +395,7 @@ class MoveRules:
         self._open = frozenset(c.broker for c in candidates)
         self._everyone = self._open if everyone is None else everyone
         self._filtered: dict[NamespaceName, frozenset[BrokerId]] = {}
-        self._now = _Counted(GroupCounts(rules.groups, owners))
+        self._now = _Counted(_GroupCounts(rules.groups, owners))
         self._after = self._now
         self._applied: list[tuple[BundleId, BrokerId, BrokerId | None]] = []
 
@@ -478,7 +457,7 @@ class MoveRules:
 class _Counted:
     """Anti-affinity counts and, per namespace, the brokers owning the fewest of its group."""
 
-    def __init__(self, counts: GroupCounts) -> None:
+    def __init__(self, counts: _GroupCounts) -> None:
         self.counts = counts
         self._fewest: dict[NamespaceName, tuple[int, frozenset[BrokerId]]] = {}
 
@@ -513,7 +492,7 @@ class _Counted:
         return brokers | {owner} if mine == least else brokers
 
 
-class GroupCounts:
+class _GroupCounts:
     """:func:`anti_affinity_counts` of every group at once, for many bundles of one ownership
     (kept up to date by :meth:`move` while a placement or a plan is made bundle by bundle)."""
 
@@ -531,9 +510,9 @@ class GroupCounts:
             for bundle, broker in (owners or {}).items():
                 self.move(bundle, broker)
 
-    def copy(self) -> GroupCounts:
+    def copy(self) -> _GroupCounts:
         """Counts to change apart from these."""
-        out = GroupCounts({})
+        out = _GroupCounts({})
         out._keyed = self._keyed
         out._owners = dict(self._owners)
         out._held = {

@@ -71,17 +71,13 @@ class IsolationPolicy:
                 f"got {self.min_available_primaries}"
             )
 
-    @staticmethod
-    def _matches(patterns: tuple[str, ...], broker: BrokerId) -> bool:
-        return _matches(patterns, broker)
-
     def is_primary(self, broker: BrokerId) -> bool:
         """Whether ``broker`` matches a primary pattern."""
-        return self._matches(self.primary, broker)
+        return _matches(self.primary, broker)
 
     def is_secondary(self, broker: BrokerId) -> bool:
         """Whether ``broker`` matches a secondary pattern."""
-        return self._matches(self.secondary, broker)
+        return _matches(self.secondary, broker)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of this policy."""

@@ -272,7 +272,6 @@ class LoadModel:
             horizon = self.now_ms - max(config.bundle_grace_period_s, config.cooldown_s) * 1000
             _forget_before(self.unloaded_bundles, horizon)
             _forget_before(self.unloaded_brokers, horizon)
-        owners = {b: o for b, o in self.owners.items() if b in self.traffic}
         tops: dict[BrokerId, tuple[BundleLoad, ...]] = {}
         for broker, bundles in self.owned().items():
             loads = [BundleLoad(b, self.traffic[b] / 2, self.traffic[b] / 2) for b in bundles]
@@ -286,7 +285,7 @@ class LoadModel:
         return LoadSnapshot(
             brokers={b: self.loads.get(b) for b in self.capacity},
             top_bundles=tops,
-            owners=owners,
+            owners={b: o for b, o in self.owners.items() if b in self.traffic},
             recently_unloaded_bundles=dict(self.unloaded_bundles),
             recently_unloaded_brokers=dict(self.unloaded_brokers),
             allowed_destinations=allowed,

@@ -39,9 +39,12 @@ The plan:
   waits out the hit count. An underloaded broker is filled at once, since no spike empties a
   broker.
 - **What.** Greedy: among the bundles of the most loaded brokers and the least loaded destinations
-  the placement rules allow (:attr:`LoadSnapshot.allowed_destinations`), the move that lowers the
-  projected variance most. A spread over target starts a *balancing episode*: moves are repeated
-  until the projected std is under the planning goal (half the target: :func:`planning_goal`),
+  the placement rules allow (:attr:`LoadSnapshot.allowed_destinations`, and after the cycle's
+  earlier moves :attr:`LoadSnapshot.move_rules`), the move that lowers the projected variance
+  most, from a broker above the mean to one below it (for a bundle the rules bind, the mean of
+  the brokers it may be on). A spread over target starts a *balancing episode*: moves are repeated
+  until the projected std is under the planning goal (three quarters of the target:
+  :func:`planning_goal`),
   and the episode goes on, cycle after cycle, until the goal is met (hysteresis). An overloaded
   or underloaded broker alone (the spread under target) is relieved or filled, and the rest of
   the cluster left as it is: every move is one the clients feel. A move that would not lower the
@@ -557,12 +560,13 @@ class _Plan:
                 for dst in self._destination_candidates(ascending, bundle, src, destinations):
                     out, into = t * self.per_byte[src], t * self.fill_per_byte[dst]
                     ld = self.projected[dst]
-                    # Only from above the mean to below it, and never past each other: a
+                    # Only from above the centre to below it, and never past each other: a
                     # source limited by max_brokers_per_cycle must not be drained to fill
                     # every idle broker.
                     if ld >= centre or ls - out < ld + into:
                         continue
-                    gain = self._gain(ls, ld, out, into, (n, s1, s2, variance))
+                    d2 = (ls - out) ** 2 - ls * ls + (ld + into) ** 2 - ld * ld
+                    gain = variance - ((s2 + d2) / n - ((s1 - out + into) / n) ** 2)
                     if gain <= _EPSILON:
                         continue
                     # The largest gain; between equal gains, the fewer bytes.
@@ -570,16 +574,6 @@ class _Plan:
                     if best is None or key > best[:2]:
                         best = (gain, -t, bundle, src, dst)
         return None if best is None else best[2:]
-
-    @staticmethod
-    def _gain(
-        ls: float, ld: float, out: float, into: float, moments: tuple[int, float, float, float]
-    ) -> float:
-        """How much a move of ``out`` off a broker at ``ls`` and ``into`` onto one at ``ld``
-        lowers the variance (``moments``: count, sum, sum of squares, variance)."""
-        n, s1, s2, variance = moments
-        d2 = (ls - out) ** 2 - ls * ls + (ld + into) ** 2 - ld * ld
-        return variance - ((s2 + d2) / n - ((s1 - out + into) / n) ** 2)
 
     def _mean_of(
         self, brokers: frozenset[BrokerId], means: dict[frozenset[BrokerId], float]

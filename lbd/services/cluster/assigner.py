@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 
 from lbd.core.assign import (
     BrokerCandidate,
@@ -99,7 +99,9 @@ class Assigner:
     async def move_rules(self) -> MoveRules:
         """The placement rules over the cluster as it is now, for a shedding cycle's moves: the
         assignment filters (max topics, version, isolation, anti-affinity) over the registered
-        brokers, never a cordoned one (:class:`~lbd.core.assign.MoveRules`)."""
+        brokers, never a cordoned one (:class:`~lbd.core.assign.MoveRules`). Its
+        ``destinations`` leave out the bundles no rule binds (a namespace that no longer exists
+        has no policies); while a broker is cordoned, every bundle is listed."""
         records = await self._namespaces.list()
         cordoned = self._maintenance.cordoned()
         registered = self._registry.brokers()
@@ -109,16 +111,6 @@ class Assigner:
         return _rules(records).at(
             candidates, self._config, self._follower.table.owners(), frozenset(registered)
         )
-
-    async def move_destinations(
-        self, bundles: Iterable[BundleId]
-    ) -> dict[BundleId, frozenset[BrokerId]]:
-        """For each of ``bundles`` that a placement rule binds, the registered brokers it may
-        move to (:meth:`move_rules`), with the bundle itself left out of the anti-affinity
-        counts. Bundles no rule binds are left out: they may go anywhere (a namespace that no
-        longer exists has no policies). While some broker is cordoned, every bundle is listed
-        (with the brokers left: it may go to none of the cordoned)."""
-        return (await self.move_rules()).destinations(bundles)
 
     def _candidates(
         self, brokers: Mapping[BrokerId, BrokerInfo], loads: Mapping[BrokerId, BrokerLoadData]

@@ -300,7 +300,7 @@ async def test_move_destinations_follow_isolation() -> None:
         )
         iso = NamespaceBundles.default(isolated, 2).bundles()[0].id
         free = bundle_of(TOPIC)
-        allowed = await a.assigner.move_destinations([iso, free])
+        allowed = (await a.assigner.move_rules()).destinations([iso, free])
         assert allowed == {
             iso: {"broker-1", "broker-2"},
             # The isolated namespace's primaries are reserved for it.
@@ -318,7 +318,7 @@ async def test_move_destinations_follow_anti_affinity() -> None:
         second = (await a.lookup.lookup("persistent://tenant/spread-1/t")).bundle
         await h.idle()
         assert h.owner(first) != h.owner(second)
-        allowed = await a.assigner.move_destinations([first, second, bundle_of(TOPIC)])
+        allowed = (await a.assigner.move_rules()).destinations([first, second, bundle_of(TOPIC)])
         # Neither may join the other namespace of its group; an unbound bundle is not listed.
         everyone = {"broker-0", "broker-1", "broker-2"}
         assert allowed == {

@@ -123,11 +123,11 @@ async def test_explicit_moves_to_a_cordoned_broker_are_refused_and_change_nothin
             await a.operations.assign(other, b.me)
         assert len(h.log) == before
         # The shedder may move no bundle there either, bound by a placement rule or not.
-        allowed = await a.assigner.move_destinations(bundles)
+        allowed = (await a.assigner.move_rules()).destinations(bundles)
         assert allowed == dict.fromkeys(bundles, frozenset({a.me}))
         await a.drainer.uncordon(b.me)
         await seen_everywhere(h, b.me, None)
-        assert await a.assigner.move_destinations(bundles) == {}
+        assert (await a.assigner.move_rules()).destinations(bundles) == {}
 
 
 async def test_cordon_and_drain_requests_are_checked() -> None:
