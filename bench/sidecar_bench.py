@@ -109,12 +109,19 @@ def _failover(cluster: DevCluster) -> dict[str, float]:
     try:
         leader = clients[cluster.nodes[0].broker_id].leader().broker_id
         owners = _owners(clients[leader])
-        victim = next(
-            (n for n in cluster.nodes if n.broker_id != leader and n.broker_id in owners.values()),
-            None,
-        )
-        if victim is None:
+        others = [n for n in cluster.nodes if n.broker_id != leader]
+        if not others or not owners:
             return {}
+        victim = next((n for n in others if n.broker_id in owners.values()), others[0])
+        if victim.broker_id not in owners.values():
+            # A cluster just started can place every bundle on one broker (the least loaded
+            # pool holds it alone while the others' first reports come in): the victim is
+            # given a share first, as the chaos tests' victim_owning does.
+            share = sorted(owners)[: max(1, len(owners) // len(cluster.nodes))]
+            for bundle in share:
+                clients[leader].transfer(bundle, victim.broker_id)
+            _wait(lambda: all(_owners(clients[leader]).get(b) == victim.broker_id for b in share))
+            owners = _owners(clients[leader])
         orphans = [b for b, o in owners.items() if o == victim.broker_id]
         os.kill(victim.sidecar.pid, signal.SIGKILL)
         os.kill(victim.broker.pid, signal.SIGKILL)
