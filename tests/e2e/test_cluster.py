@@ -19,7 +19,7 @@ import pytest
 
 from lbd.core.bundles import NamespaceBundles, parse_bundle_id
 from lbd.core.names import NamespaceName
-from lbd.ctl.client import RpcFailure
+from lbd.ctl.client import RpcFailure, SidecarClient
 from lbd.gen.v1 import lbd_pb2
 from tests.e2e.clusters import (
     Cluster,
@@ -75,12 +75,15 @@ def _spread_lookups(cluster: Cluster) -> None:
     # Least-usage placement picks only the brokers at least assignment.load_margin (0.10) under the
     # average, when there are any (or all of them while none has reported): while the brokers
     # just started differ that much, a burst goes to the least loaded alone, as it should (seen
-    # in CI: all 64 bundles on broker-1). So the burst waits for even loads.
+    # in CI: all 64 bundles on broker-1). So the burst waits for even loads, as every sidecar
+    # sees them: each places the bundles of the lookups it answers by its own view (CI saw 51, 11
+    # and 2 bundles when only the first sidecar's view was waited for).
+    def even_in(view: SidecarClient) -> bool:
+        loads = [b.load for b in view.load().brokers]
+        return len(loads) == len(cluster.broker_ids) and min(loads) + 0.1 > sum(loads) / len(loads)
+
     def even() -> bool | None:
-        loads = [b.load for b in cluster.client().load().brokers]
-        if len(loads) != len(cluster.broker_ids):
-            return None
-        return True if min(loads) + 0.1 > sum(loads) / len(loads) else None
+        return True if all(even_in(cluster.client(b)) for b in cluster.broker_ids) else None
 
     wait_for("every broker's load reported and within the placement margin", even, 60)
     cluster.client().create_namespace("e2e/spread", 64)
