@@ -267,7 +267,7 @@ async def _send(
         f"Connection: {'keep-alive' if keep else 'close'}",
         *(f"{k}: {v}" for k, v in response.headers.items()),
     ]
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-    if response.body and not head_only:
-        writer.write(response.body)
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    # One write: each is a send on the socket, and a lookup's answer is a few hundred bytes.
+    writer.write(head if head_only else head + response.body)
     await writer.drain()
