@@ -428,16 +428,27 @@ class MoveRules:
         group = self._rules.of(namespace).anti_affinity_group
         if group is None and not self._rules.isolation:
             return self._open
+        kept = self.hosts(bundle)
+        if group is None or not kept:
+            return kept
+        return self._counted(planned).fewest(bundle, namespace, group, kept)
+
+    def hosts(self, bundle: BundleId) -> frozenset[BrokerId]:
+        """The candidates ``bundle`` may be on whatever the other bundles' owners: every filter
+        but anti-affinity's (the same for each bundle of a namespace)."""
+        namespace = parse_bundle_id(bundle).namespace
         kept = self._filtered.get(namespace)
         if kept is None:
-            # Every filter but anti-affinity: the same for each bundle of the namespace.
             unbound = dataclasses.replace(self._rules.of(namespace), anti_affinity_group=None)
             placement = dataclasses.replace(self._rules.placement(namespace, {}), policies=unbound)
             found = filter_candidates(bundle, self._candidates, self._config, placement)
             kept = self._filtered[namespace] = frozenset(c.broker for c in found.kept)
-        if group is None or not kept:
-            return kept
-        return self._counted(planned).fewest(bundle, namespace, group, kept)
+        return kept
+
+    @property
+    def isolates(self) -> bool:
+        """Whether an isolation policy keeps some bundles off some brokers."""
+        return bool(self._rules.isolation)
 
     def _counted(self, planned: Planned) -> _Counted:
         """The counts after ``planned``: those kept, with the moves not yet in them added."""

@@ -13,10 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lbd.core.assign import BrokerCandidate, PlacementRules
 from lbd.core.errors import InvalidInputError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.load import BrokerLoadData, BrokerUsage, BundleLoad, ResourceUsage
-from lbd.core.settings import MB, SheddingConfig
+from lbd.core.names import NamespaceName
+from lbd.core.namespace import IsolationPolicy, NamespacePolicies
+from lbd.core.settings import MB, AssignmentConfig, SheddingConfig
 from lbd.core.shedding import (
     DecisionReason,
     LoadSnapshot,
@@ -526,3 +529,35 @@ def test_holdings_are_each_broker_s_owned_bundles() -> None:
             BrokerId(broker)
         )
     assert holdings[BrokerId("a")] == {bundle("a", 1)}
+
+
+def test_a_spread_the_isolation_policies_make_is_not_chased() -> None:
+    # Namespaces t/p1 and t/p2 are isolated on p1 and p2, which carry little: the cluster's
+    # std is over the target, but only because the rules keep the rest off p1 and p2. The
+    # brokers open to the rest are nearly level; a small bundle from s1 to s3 would lower the
+    # variance a little, and is a move the clients feel for nothing the target asks.
+    spec = {
+        "p1": [5, 5],
+        "p2": [5, 5],
+        "s1": [10, 10, 10, 10, 2],
+        "s2": [10, 10, 10, 10],
+        "s3": [10, 10, 10, 6],
+    }
+    isolated = NamespacePolicies(isolation=IsolationPolicy(primary=("p1|p2",)))
+    rules = PlacementRules({NamespaceName("t", "p1"): isolated, NamespaceName("t", "p2"): isolated})
+    snapshot = cluster(spec)
+    owners = {b.bundle: broker for broker, tops in snapshot.top_bundles.items() for b in tops}
+    move_rules = rules.at([BrokerCandidate(BrokerId(b)) for b in spec], AssignmentConfig(), owners)
+    ruled = replace(
+        snapshot,
+        owners=owners,
+        allowed_destinations=move_rules.destinations(owners),
+        move_rules=move_rules,
+    )
+    assert mean_and_std(estimate(ruled, ruled.brokers, ShedderState()).loads.values())[1] > 0.1
+    result, _ = plan_shed(ruled, CONFIG, ShedderState(), NOW, random.Random(1))
+    assert result.decisions == () and result.skip_reason is SkipReason.HIT_COUNT
+    assert any("isolation policies leave a std of" in note for note in result.notes)
+    # Told only where each bundle may go, not the rules themselves, it chases the spread.
+    moves, _, _ = shed(replace(ruled, move_rules=None))
+    assert moves and all(src == "s1" for _, src, _ in moves)

@@ -37,7 +37,9 @@ The plan:
   the EMAs already show (the leader's first look at a skewed cluster) or one made by placement
   (a broker left and lookups placed its bundles) is acted on at once, and a change of traffic
   waits out the hit count. An underloaded broker is filled at once, since no spike empties a
-  broker.
+  broker. When isolation policies keep the spread from reaching the target (a namespace isolated
+  on a few brokers carrying little), the target is the least spread they leave reachable
+  (:func:`reachable_spread`), and the cycle's notes say so: a spread the rules make is not chased.
 - **What.** Greedy: among the bundles of the most loaded brokers and the least loaded destinations
   the placement rules allow (:attr:`LoadSnapshot.allowed_destinations`, and after the cycle's
   earlier moves :attr:`LoadSnapshot.move_rules`), the move that lowers the projected variance
@@ -62,11 +64,12 @@ registered broker that has never reported, stop the cycle as in Pulsar.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from lbd.core.ids import BrokerId, BundleId
@@ -106,6 +109,11 @@ MEASURABLE_SHARE = 0.05
 """A broker's own load per byte is used only when its throughput EMA is at least this share of
 the mean broker's: a broker left with a trickle (its bundles moved away, its EMA decaying) would
 otherwise price every byte moved to it as if it cost its whole base load."""
+REACH_MARGIN = 0.01
+"""When isolation policies raise the least reachable std (:func:`reachable_spread`) by more than
+twice this, balancing starts at this over it, and an episode plans down to it: a spread the
+rules make is not chased bundle by bundle. On seeds 1-100 of the generated clusters with rules,
+0.01 met every goal on 33 of 55 against 31 without it and 27 at 0.04."""
 _EPSILON = 1e-12
 
 
@@ -294,6 +302,58 @@ def planning_goal(config: SheddingConfig) -> float:
     return config.target_std * PLAN_MARGIN
 
 
+def reachable_spread(
+    snapshot: LoadSnapshot, est: Estimate, rates: Mapping[BundleId, float]
+) -> float:
+    """The least std the isolation policies leave reachable, when they raise it (0 when they do
+    not, or there are none): every bundle, heaviest first, on the least loaded broker it may be
+    on, as a placement made from scratch would spread them, once on the brokers the policies
+    let it be on and once on any. A namespace isolated on a few brokers keeps them apart from
+    the rest: their loads follow its traffic, not the cluster's mean. What both placements share
+    (bundles too large to spread, rates the reports do not tell yet) is not the rules' doing,
+    and is left to the target."""
+    rules = snapshot.move_rules
+    if rules is None or not rules.isolates:
+        return 0.0
+    heaviest = sorted(rates.items(), key=lambda item: (-item[1], item[0]))
+    every = frozenset(est.per_byte)
+
+    def hosts(bundle: BundleId) -> frozenset[BrokerId]:
+        return (rules.hosts(bundle) & every) or every
+
+    ruled = _spread_placed(heaviest, est.per_byte, hosts)
+    anywhere = _spread_placed(heaviest, est.per_byte, lambda _: every)
+    return ruled if ruled > anywhere + 2 * REACH_MARGIN else 0.0
+
+
+def _spread_placed(
+    heaviest: Sequence[tuple[BundleId, float]],
+    per_byte: Mapping[BrokerId, float],
+    hosts: Callable[[BundleId], frozenset[BrokerId]],
+) -> float:
+    """The std of the loads after placing each bundle in turn on the least loaded of its
+    ``hosts``: one heap per distinct set of hosts (a namespace's, the brokers no policy
+    reserves), entries of a broker whose load has changed since skipped when they surface."""
+    loads = dict.fromkeys(per_byte, 0.0)
+    heaps: dict[frozenset[BrokerId], list[tuple[float, BrokerId]]] = {}
+    member: dict[BrokerId, list[list[tuple[float, BrokerId]]]] = {b: [] for b in per_byte}
+    for bundle, rate in heaviest:
+        on = hosts(bundle)
+        heap = heaps.get(on)
+        if heap is None:
+            heap = heaps[on] = [(loads[b], b) for b in sorted(on)]
+            heapq.heapify(heap)
+            for b in on:
+                member[b].append(heap)
+        while heap[0][0] != loads[heap[0][1]]:
+            heapq.heappop(heap)
+        broker = heap[0][1]
+        loads[broker] += rate * per_byte[broker]
+        for other in member[broker]:
+            heapq.heappush(other, (loads[broker], broker))
+    return mean_and_std(loads.values())[1]
+
+
 def plan_shed(
     snapshot: LoadSnapshot,
     config: SheddingConfig,
@@ -330,8 +390,18 @@ def plan_shed(
     plan = _Plan(snapshot, config, est, state, now_ms, rng)
     before, owned = state.owned, dict(plan.holding)
     state = replace(state, owned=owned)
+    # The reachable spread can only raise the target: a cluster within the goal needs none.
+    floor = reachable_spread(snapshot, est, state.rates_seen) if plan.imbalanced(plan.goal) else 0
+    if floor > 0:
+        plan.target = max(config.target_std, floor + REACH_MARGIN)
+        plan.goal = max(plan.goal, floor)
+        if plan.target > config.target_std:
+            notes.append(
+                f"the isolation policies leave a std of {floor:.3f} reachable: balancing "
+                f"starts over {plan.target:.3f} and plans down to {plan.goal:.3f}"
+            )
     # Hysteresis: a balancing episode under way goes on until the std is under the planning goal.
-    goal = planning_goal(config) if state.balancing else config.target_std
+    goal = plan.goal if state.balancing else plan.target
     spread = plan.imbalanced(goal)
     persistent = spread or bool(plan.overloaded())
     hit_count = state.hit_count + 1 if persistent else 0
@@ -489,13 +559,17 @@ class _Plan:
         self._source_limit = source_limit(config, len(self.order))
         self.moves_of: Counter[BrokerId] = Counter()
         self.decisions: list[UnloadDecision] = []
+        self.target = config.target_std
+        """The std over which the cluster is balanced (higher when the rules forbid less)."""
+        self.goal = planning_goal(config)
+        """The std a balancing episode plans down to."""
 
     # -- conditions ----------------------------------------------------------------------------
 
     def imbalanced(self, goal: float | None = None) -> bool:
         """Whether the projected std is over ``goal`` (the target by default)."""
         std = mean_and_std(self.projected.values())[1]
-        return std > (self.config.target_std if goal is None else goal)
+        return std > (self.target if goal is None else goal)
 
     def overloaded(self) -> set[BrokerId]:
         """Brokers at or over the overloaded threshold and over avg + target."""
@@ -518,7 +592,7 @@ class _Plan:
     def run(self, balancing: bool) -> list[UnloadDecision]:
         """Add the best move while the cluster still needs one and a move still helps: down to
         the planning goal when ``balancing``, else until no broker is over- or underloaded."""
-        goal = planning_goal(self.config)
+        goal = self.goal
         while True:
             under = self.underloaded()
             over = self.overloaded()
