@@ -264,14 +264,24 @@ class EtcdMetadataStore:
 
     # -- maintenance --------------------------------------------------------------------------
 
-    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
-        """Every maintenance record and the revision it was read at."""
+    async def list_maintenance(self) -> tuple[dict[BrokerId, tuple[bytes, int]], int]:
+        """Every maintenance record with its mod revision, and the revision it was read at."""
         kvs, revision = await self._conn.list_prefix(self._keys.maintenance)
-        return {self._maintained(kv.key): kv.value for kv in kvs}, revision
+        return {self._maintained(kv.key): (kv.value, kv.mod_revision) for kv in kvs}, revision
 
-    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
-        """Write ``maintenance/<broker>`` under no lease; the revision of the write."""
-        return await self._conn.put(self._keys.maintenance_of(broker), value)
+    async def put_maintenance(
+        self, broker: BrokerId, value: bytes, expected_mod_revision: int | None = None
+    ) -> int:
+        """Write ``maintenance/<broker>`` under no lease (with ``expected_mod_revision``, only
+        while the record is at it); the revision of the write."""
+        key = self._keys.maintenance_of(broker)
+        if expected_mod_revision is None:
+            return await self._conn.put(key, value)
+        written, now = await self._conn.swap(key, value, expected_mod_revision)
+        if not written or now is None:
+            actual = None if now is None else now.mod_revision
+            raise CasConflictError(key.decode(), expected_mod_revision, actual)
+        return now.mod_revision
 
     async def delete_maintenance(self, broker: BrokerId) -> int:
         """Delete ``maintenance/<broker>`` (idempotent); the revision of the delete (0: none)."""

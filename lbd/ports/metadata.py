@@ -200,14 +200,19 @@ class MetadataStore(Protocol):
 
     # -- maintenance --------------------------------------------------------------------------
 
-    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
-        """Every broker's maintenance record and the store revision it was read at."""
+    async def list_maintenance(self) -> tuple[dict[BrokerId, tuple[bytes, int]], int]:
+        """Every broker's maintenance record with its mod revision, and the store revision the
+        listing was read at."""
         ...
 
-    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
-        """Write ``maintenance/<broker>`` (overwrites); the store revision of the write (its
-        watch event carries the same). Not under the session lease: the record outlives this
-        session, the broker's registration and the sidecar that wrote it."""
+    async def put_maintenance(
+        self, broker: BrokerId, value: bytes, expected_mod_revision: int | None = None
+    ) -> int:
+        """Write ``maintenance/<broker>``; the store revision of the write (its watch event
+        carries the same). Without ``expected_mod_revision`` it overwrites; with it, it writes
+        only while the record's mod revision is still that one (0: absent), else raises
+        :class:`~lbd.ports.errors.CasConflictError`. Not under the session lease: the record
+        outlives this session, the broker's registration and the sidecar that wrote it."""
         ...
 
     async def delete_maintenance(self, broker: BrokerId) -> int:

@@ -120,16 +120,38 @@ class MetadataStoreContract:
         assert (await observer.list_maintenance())[0] == {}
         first = await a.put_maintenance(A, b'{"mode": "cordoned"}')
         second = await a.put_maintenance(A, b'{"mode": "draining"}')  # overwrites
-        await a.put_maintenance(B, b'{"mode": "cordoned"}')
-        assert 0 < first < second
+        third = await a.put_maintenance(B, b'{"mode": "cordoned"}')
+        assert 0 < first < second < third
         await a.close()  # its lease goes; the records do not
         records, revision = await observer.list_maintenance()
-        assert records == {A: b'{"mode": "draining"}', B: b'{"mode": "cordoned"}'}
+        assert records == {
+            A: (b'{"mode": "draining"}', second),
+            B: (b'{"mode": "cordoned"}', third),
+        }
         assert revision > second
         assert await observer.delete_maintenance(A) > revision
         assert await observer.delete_maintenance(A) == 0  # idempotent: nothing to delete
-        assert (await observer.list_maintenance())[0] == {B: b'{"mode": "cordoned"}'}
+        assert (await observer.list_maintenance())[0] == {B: (b'{"mode": "cordoned"}', third)}
         assert (await observer.list_brokers())[0] == {}  # kept apart from the registry
+
+    async def test_a_maintenance_write_over_a_revision_loses_to_any_change_since(
+        self, harness: MetadataHarness
+    ) -> None:
+        a = await harness.store()
+        b = await harness.store()
+        draining = await a.put_maintenance(A, b"draining")
+        cordoned = await a.put_maintenance(A, b"cordoned", draining)  # still at draining's
+        assert cordoned > draining
+        with pytest.raises(CasConflictError):
+            await a.put_maintenance(A, b"again", draining)  # rewritten since
+        await b.delete_maintenance(A)  # an operator's uncordon, on another sidecar
+        with pytest.raises(CasConflictError):
+            await a.put_maintenance(A, b"cordoned", cordoned)  # cleared since
+        assert (await b.list_maintenance())[0] == {}
+        created = await a.put_maintenance(B, b"cordoned", 0)  # 0: only while absent
+        with pytest.raises(CasConflictError):
+            await b.put_maintenance(B, b"cordoned", 0)
+        assert (await b.list_maintenance())[0] == {B: (b"cordoned", created)}
 
     async def test_watch_maintenance_reports_changes_after_the_revision_in_order(
         self, harness: MetadataHarness

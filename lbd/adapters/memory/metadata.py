@@ -354,14 +354,20 @@ class MemoryMetadataStore:
         except CasConflictError as e:
             raise CasConflictError(namespace, e.expected, e.actual) from None
 
-    async def list_maintenance(self) -> tuple[dict[BrokerId, bytes], int]:
-        """Every maintenance record and the revision."""
+    async def list_maintenance(self) -> tuple[dict[BrokerId, tuple[bytes, int]], int]:
+        """Every maintenance record with its mod revision, and the revision."""
         found, revision = self._call(lambda: self._cluster.list(_MAINTENANCE))
-        return {BrokerId(k[len(_MAINTENANCE) :]): r.value for k, r in found.items()}, revision
+        return {
+            BrokerId(k[len(_MAINTENANCE) :]): (r.value, r.mod_revision) for k, r in found.items()
+        }, revision
 
-    async def put_maintenance(self, broker: BrokerId, value: bytes) -> int:
-        """Write ``maintenance/<broker>`` under no lease; the revision of the write."""
-        return self._call(lambda: self._cluster.put(_MAINTENANCE + broker, value))
+    async def put_maintenance(
+        self, broker: BrokerId, value: bytes, expected_mod_revision: int | None = None
+    ) -> int:
+        """Write ``maintenance/<broker>`` under no lease (with ``expected_mod_revision``, only
+        while the record is at it); the revision of the write."""
+        key = _MAINTENANCE + broker
+        return self._call(lambda: self._cluster.put(key, value, 0, expected_mod_revision))
 
     async def delete_maintenance(self, broker: BrokerId) -> int:
         """Delete ``maintenance/<broker>`` (idempotent); the revision of the delete (0: none)."""

@@ -8,9 +8,11 @@ store's watch, so reading it costs nothing: the assigner asks it on every choice
 Writes (:meth:`MaintenanceView.set`, :meth:`MaintenanceView.clear`) may come from any sidecar
 (the Admin calls Cordon and Uncordon) or from the leader (a drain's progress). A write is known
 here at once; the watch events older than this sidecar's own last write of a broker's record
-are skipped, so the view never goes back to a value it already overwrote. Two writers racing on
-one broker's record end with the last write; the Admin calls are an operator's, and the leader
-writes only over the mode it expects (see :mod:`lbd.services.leader.drain`).
+are skipped, so the view never goes back to a value it already overwrote. Two operators racing
+on one broker's record end with the last write. The leader writes a drain's progress only over
+the record it read (``set(..., over=mode)``, a compare-and-swap on the record's revision): an
+Uncordon made on another sidecar as the drain ends is not undone by the drain's "cordoned" (see
+:mod:`lbd.services.leader.drain`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lbd.core.errors import InvalidInputError, PreconditionError
 from lbd.core.ids import BrokerId
 from lbd.core.maintenance import MaintenanceMode, MaintenanceRecord
 from lbd.ports.clock import Clock
+from lbd.ports.errors import CasConflictError
 from lbd.ports.metadata import MetadataStore
 from lbd.tasks import Component, Tasks
 
@@ -50,6 +53,8 @@ class MaintenanceView(Component):
         self._records: dict[BrokerId, MaintenanceRecord] = {}
         self._written: dict[BrokerId, int] = {}
         """The store revision of this sidecar's last write of each broker's record."""
+        self._revision: dict[BrokerId, int] = {}
+        """The mod revision of each record as this view holds it."""
         self._subscribers: set[asyncio.Queue[MaintenanceChange]] = set()
         self._tasks = Tasks(f"the maintenance view of {me}")
 
@@ -59,10 +64,11 @@ class MaintenanceView(Component):
         if self._tasks:
             return
         listed, revision = await self._metadata.list_maintenance()
-        for broker, raw in listed.items():
+        for broker, (raw, mod_revision) in listed.items():
             record = _decode(broker, raw)
             if record is not None:
                 self._records[broker] = record
+                self._revision[broker] = mod_revision
         if self._records:
             _log.info(
                 "maintenance: %s",
@@ -113,11 +119,25 @@ class MaintenanceView(Component):
     # -- writing ----------------------------------------------------------------------------
 
     async def set(
-        self, broker: BrokerId, mode: MaintenanceMode, reason: str = ""
+        self,
+        broker: BrokerId,
+        mode: MaintenanceMode,
+        reason: str = "",
+        *,
+        over: MaintenanceMode | None = None,
     ) -> MaintenanceRecord:
         """Write ``broker``'s record in ``mode`` (an empty ``reason`` keeps the old one); the
-        record, known here at once. UnavailableError when the store cannot be reached."""
+        record, known here at once. With ``over``, only over the record this view holds, in that
+        mode, and only while the store still has it (PreconditionError naming the record else:
+        it was cleared or rewritten meanwhile, maybe on another sidecar). UnavailableError when
+        the store cannot be reached."""
         old = self._records.get(broker)
+        expected: int | None = None
+        if over is not None:
+            if old is None or old.mode is not over:
+                now = "in service" if old is None else old.describe()
+                raise PreconditionError(f"{broker} is {now}, not {over.value}: not changing it")
+            expected = self._revision.get(broker)
         record = MaintenanceRecord(
             broker,
             mode,
@@ -125,7 +145,14 @@ class MaintenanceView(Component):
             since_ms=old.since_ms if old is not None and old.mode is mode else self._clock.now_ms(),
             who=self._me,
         )
-        self._written[broker] = await self._metadata.put_maintenance(broker, record.to_json())
+        try:
+            written = await self._metadata.put_maintenance(broker, record.to_json(), expected)
+        except CasConflictError:
+            raise PreconditionError(
+                f"{broker}'s maintenance record changed in the store since it was read as "
+                f"{over.value if over else 'it was'}: not changing it"
+            ) from None
+        self._written[broker] = self._revision[broker] = written
         if old is None or old.mode is not mode:
             _log.info("maintenance: %s is now %s", broker, record.describe())
         self._records[broker] = record
@@ -134,6 +161,7 @@ class MaintenanceView(Component):
     async def clear(self, broker: BrokerId) -> None:
         """Remove ``broker``'s record: back in service. Idempotent."""
         self._written[broker] = await self._metadata.delete_maintenance(broker)
+        self._revision.pop(broker, None)
         if self._records.pop(broker, None) is not None:
             _log.info("maintenance: %s is back in service", broker)
 
@@ -155,8 +183,10 @@ class MaintenanceView(Component):
             record = None if event.value is None else _decode(event.broker, event.value)
             if record is None:
                 self._records.pop(event.broker, None)
+                self._revision.pop(event.broker, None)
             else:
                 self._records[event.broker] = record
+                self._revision[event.broker] = event.revision
             change = MaintenanceChange(event.broker, record)
             for queue in self._subscribers:
                 queue.put_nowait(change)

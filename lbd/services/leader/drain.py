@@ -270,12 +270,16 @@ class Drainer:
                 f"{broker} is empty, but its maintenance record changed meanwhile (it is {now} "
                 "now): not changing it"
             )
+        # Only over the record read here: an Uncordon on another sidecar may have cleared it
+        # since, and this view not seen it yet (a compare-and-swap on its revision).
         if op.kind is OperationKind.DRAIN:
             # A broker's own leave keeps its reason: the broker's return clears the record.
             reason = "" if record.leave else f"drained by {op.id}"
-            await self._maintenance.set(broker, _M.CORDONED, reason)
+            await self._maintenance.set(broker, _M.CORDONED, reason, over=expected)
             return
-        await self._maintenance.set(broker, _M.DECOMMISSIONED, f"decommissioned by {op.id}")
+        await self._maintenance.set(
+            broker, _M.DECOMMISSIONED, f"decommissioned by {op.id}", over=expected
+        )
         try:
             await within(
                 self._clock,

@@ -346,3 +346,29 @@ async def test_a_leave_leaves_an_operators_record_as_it_is() -> None:
         await h.idle()
         record = victim.maintenance.get(victim.me)
         assert record is not None and record.reason == "disk swap" and not record.leave
+
+
+async def test_an_uncordon_on_another_sidecar_is_not_undone_by_the_drain_ending() -> None:
+    # The leader's drain empties c and writes "cordoned" over its "draining" record; an operator
+    # uncordons c on b just before, and the leader's view has not seen that yet. The write must
+    # lose: c stays in service (it was left cordoned, the operator's uncordon undone).
+    async with Harness(config=QUIET) as h:
+        a, b, c = await h.start(3)
+        leader = await h.elected()
+        assert leader is a
+        await a.maintenance.set(c.me, M.DRAINING, "drain-1")
+        await seen_everywhere(h, c.me, M.DRAINING)
+
+        await b.maintenance.clear(c.me)
+        assert a.maintenance.mode(c.me) is M.DRAINING  # not seen on a yet
+        with pytest.raises(PreconditionError, match="changed in the store"):
+            await a.maintenance.set(c.me, M.CORDONED, "drained by drain-1", over=M.DRAINING)
+
+        await seen_everywhere(h, c.me, None)
+        # Over the record it holds, the write goes through.
+        await a.maintenance.set(c.me, M.DRAINING, "drain-2")
+        record = await a.maintenance.set(c.me, M.CORDONED, "drained by drain-2", over=M.DRAINING)
+        assert record.mode is M.CORDONED
+        await seen_everywhere(h, c.me, M.CORDONED)
+        with pytest.raises(PreconditionError, match="not draining"):
+            await a.maintenance.set(c.me, M.CORDONED, "again", over=M.DRAINING)
