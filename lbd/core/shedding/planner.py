@@ -560,7 +560,8 @@ class _Plan:
         self.moves_of: Counter[BrokerId] = Counter()
         self.decisions: list[UnloadDecision] = []
         self.target = config.target_std
-        """The std over which the cluster is balanced (higher when the rules forbid less)."""
+        """The std over which the cluster is balanced: ``target_std``, or just over the least the
+        isolation policies leave reachable when that is higher (:func:`reachable_spread`)."""
         self.goal = planning_goal(config)
         """The std a balancing episode plans down to."""
 
