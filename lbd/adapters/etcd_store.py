@@ -254,13 +254,9 @@ class EtcdMetadataStore:
 
     async def put_namespace(self, namespace: str, value: bytes, expected_mod_revision: int) -> int:
         """Write if the mod revision is still ``expected_mod_revision`` (0: must not exist)."""
-        written, now = await self._conn.swap(
-            self._keys.namespace(namespace), value, expected_mod_revision
+        return await self._swap(
+            self._keys.namespace(namespace), value, expected_mod_revision, namespace
         )
-        if not written or now is None:
-            actual = None if now is None else now.mod_revision
-            raise CasConflictError(namespace, expected_mod_revision, actual)
-        return now.mod_revision
 
     # -- maintenance --------------------------------------------------------------------------
 
@@ -277,10 +273,14 @@ class EtcdMetadataStore:
         key = self._keys.maintenance_of(broker)
         if expected_mod_revision is None:
             return await self._conn.put(key, value)
-        written, now = await self._conn.swap(key, value, expected_mod_revision)
+        return await self._swap(key, value, expected_mod_revision, key.decode())
+
+    async def _swap(self, key: bytes, value: bytes, expected: int, name: str) -> int:
+        """Write ``key`` if its mod revision is still ``expected`` (0: absent); the new mod
+        revision, or CasConflictError naming ``name``."""
+        written, now = await self._conn.swap(key, value, expected)
         if not written or now is None:
-            actual = None if now is None else now.mod_revision
-            raise CasConflictError(key.decode(), expected_mod_revision, actual)
+            raise CasConflictError(name, expected, None if now is None else now.mod_revision)
         return now.mod_revision
 
     async def delete_maintenance(self, broker: BrokerId) -> int:

@@ -428,7 +428,7 @@ class MoveRules:
         group = self._rules.of(namespace).anti_affinity_group
         if group is None and not self._rules.isolation:
             return self._open
-        kept = self.hosts(bundle)
+        kept = self._hosts(bundle, namespace)
         if group is None or not kept:
             return kept
         return self._counted(planned).fewest(bundle, namespace, group, kept)
@@ -436,7 +436,9 @@ class MoveRules:
     def hosts(self, bundle: BundleId) -> frozenset[BrokerId]:
         """The candidates ``bundle`` may be on whatever the other bundles' owners: every filter
         but anti-affinity's (the same for each bundle of a namespace)."""
-        namespace = parse_bundle_id(bundle).namespace
+        return self._hosts(bundle, parse_bundle_id(bundle).namespace)
+
+    def _hosts(self, bundle: BundleId, namespace: NamespaceName) -> frozenset[BrokerId]:
         kept = self._filtered.get(namespace)
         if kept is None:
             unbound = dataclasses.replace(self._rules.of(namespace), anti_affinity_group=None)

@@ -150,7 +150,7 @@ class MaintenanceView(Component):
         except CasConflictError:
             raise PreconditionError(
                 f"{broker}'s maintenance record changed in the store since it was read as "
-                f"{over.value if over else 'it was'}: not changing it"
+                f"{over}: not changing it"
             ) from None
         self._written[broker] = self._revision[broker] = written
         if old is None or old.mode is not mode:
