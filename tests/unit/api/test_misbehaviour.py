@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -102,16 +102,27 @@ async def test_cancelling_many_streams_at_once_is_counted_without_a_traceback(
         for call in (*watches, session):
             call.cancel()
         await until(lambda: client_errors(api, WATCH, "cancelled") == STREAMS)
-        await until(lambda: client_errors(api, SESSION, "cancelled") == 1)
         await until(lambda: not sidecar.link.attached)
+        await until(lambda: len(_finished(exporter, SESSION)) == 1)
+        # grpc's aio server can see a bidi stream's cancel as the end of its requests, when the
+        # handler returns before grpc has processed the cancel: the session then ended as a
+        # broker that finished, and it is neither counted nor recorded as cancelled.
+        session_cancelled = client_errors(api, SESSION, "cancelled")
 
     assert_quiet(caplog)
-    spans = [s for s in exporter.get_finished_spans() if s.name in (WATCH, SESSION)]
+    spans = [*_finished(exporter, WATCH), *_finished(exporter, SESSION)]
     assert len(spans) == STREAMS + 1
     for span in spans:
         assert span.attributes is not None
-        assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+        expected = grpc.StatusCode.CANCELLED
+        if span.name == SESSION and not session_cancelled:
+            expected = grpc.StatusCode.OK
+        assert span.attributes["rpc.grpc.status_code"] == expected.value[0], span.name
         assert span.status.status_code is StatusCode.UNSET  # not the server's fault
+
+
+def _finished(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
 
 
 async def _hello_then_silence() -> AsyncIterator[lbd_pb2.BrokerMessage]:
