@@ -52,7 +52,7 @@ def episodes(series: Sequence[tuple[int, float]], target_std: float) -> list[Epi
 
 
 def ping_pongs(moves: Iterable[tuple[int, str, str | None, str | None]], window_ms: int) -> int:
-    """Count arrivals of a bundle at a broker it left less than ``window_ms`` before.
+    """Count arrivals of a bundle at a broker it left ``window_ms`` before or less.
 
     ``moves`` are ``(ts_ms, bundle, src, dst)`` in time order; ``src`` is None for an
     assignment, ``dst`` None for a plain unload (its assignment is a move of its own)."""

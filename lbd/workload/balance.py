@@ -31,12 +31,11 @@ from lbd.core.names import NamespaceName
 from lbd.core.namespace import NamespacePolicies
 from lbd.core.settings import MB, SheddingConfig
 from lbd.core.shedding import STRATEGIES, SheddingResult, mean_and_std
+from lbd.core.shedding.planner import PING_PONG_WINDOW_MS
 from lbd.workload.model import LoadModel, Move, moves_per_broker
 
 NOISE = 0.03
 """Standard deviation of the per-cycle multiplicative noise on each bundle's traffic."""
-PING_PONG_WINDOW_S = 3600
-"""A bundle arriving at a broker it left less than this ago is a ping-pong."""
 FINAL_CYCLES = 10
 """The final std is the mean over this many last cycles."""
 
@@ -247,7 +246,7 @@ class BalanceSim:
             final_std=math.fsum(tail) / len(tail),
             moves=len(unloads),
             moved_mb=sum(m.throughput for m in unloads) / MB,
-            ping_pongs=ping_pongs(self._move_log(), PING_PONG_WINDOW_S * 1000),
+            ping_pongs=ping_pongs(self._move_log(), PING_PONG_WINDOW_MS),
             max_moves_per_broker=self.max_moves_per_broker,
             std_series=tuple(series),
             step_s=self.scenario.step_s,

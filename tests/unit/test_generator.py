@@ -123,6 +123,19 @@ def test_no_strategy_makes_a_move_the_placement_rules_forbid(seed: int) -> None:
         assert judged.forbidden_moves == 0, (strategy, FORBIDDEN[seed])
 
 
+PING_PONGS = {
+    151: "a bundle moved at cycle 7 sent back to the broker it left at cycle 67, on the hour",
+    393: "a bundle moved at cycle 1 sent back at cycle 61: the planner's window ended just before",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(PING_PONGS))
+def test_the_planner_never_returns_a_bundle_within_the_hour_not_even_at_its_end(seed: int) -> None:
+    judged = evaluate(generate(seed, CONFIG.target_std), "cluster_planner", CONFIG)
+    assert judged.moves > 0
+    assert judged.ping_pongs == 0, PING_PONGS[seed]
+
+
 def test_the_target_is_what_the_cluster_can_reach_when_the_configured_one_is_out_of_reach() -> None:
     capacity = {"a": 100.0, "b": 100.0}
     traffic = {"t/n/0x00000000_0x80000000": 150.0 * MB, "t/n/0x80000000_0xffffffff": 10.0 * MB}

@@ -54,8 +54,8 @@ The plan:
 - **Limits.** At most ``max_brokers_per_cycle`` source brokers, or a quarter of the brokers when
   that is more (:data:`SOURCE_SHARE`), and ``max_moves_per_broker`` moves in or out of any one
   broker per cycle; never a broker's last bundle; never a bundle in its grace
-  period, nor one another broker owns; never a bundle back to a broker it left less than
-  :data:`PING_PONG_WINDOW_MS` ago.
+  period, nor one another broker owns; never a bundle back to a broker it left
+  :data:`PING_PONG_WINDOW_MS` ago or less.
 
 Unlike Pulsar there is no cool-down that stops the whole cycle: the estimate already counts what a
 cooling broker's report does not show yet. Load data older than ``load_data_ttl_s``, and a
@@ -95,7 +95,8 @@ move the clients feel, and a tighter spread is what a lower ``target_std`` asks 
 to 100 of the generated clusters, 0.75 met every goal on 79 against 67 at 0.5, 76 at 0.65 and
 76 at 0.85 (docs/balancing.md)."""
 PING_PONG_WINDOW_MS = 3_600_000
-"""A bundle never goes back to a broker it left less than this ago (one hour)."""
+"""A bundle never goes back to a broker it left this long ago or less (one hour): a return at
+exactly the hour is a ping-pong too, as :func:`lbd.core.balance_metrics.ping_pongs` counts."""
 SOURCE_SHARE = 0.25
 """The planner takes moves from up to this share of the brokers in one cycle, or from
 ``max_brokers_per_cycle`` of them when that is more. Pulsar's three sources a cycle bound a
@@ -363,7 +364,7 @@ def plan_shed(
 ) -> tuple[SheddingResult, ShedderState]:
     """Run one cluster_planner cycle; return its result and the state for the next cycle."""
     memory = max(PING_PONG_WINDOW_MS, config.load_data_ttl_s * 1000)
-    kept = tuple(m for m in state.moves if now_ms - m.at_ms < memory)
+    kept = tuple(m for m in state.moves if now_ms - m.at_ms <= memory)
     kept += changes_of_owner(snapshot, state, kept)
     usable = usable_load(snapshot, config, now_ms)
     state = replace(
@@ -535,7 +536,7 @@ class _Plan:
         self.left = {
             (m.bundle, m.src): m.at_ms
             for m in state.moves
-            if m.own and now_ms - m.at_ms < PING_PONG_WINDOW_MS
+            if m.own and now_ms - m.at_ms <= PING_PONG_WINDOW_MS
         }
         self.throughput: dict[BundleId, float] = {}
         self.movable: dict[BrokerId, list[BundleLoad]] = {}
@@ -605,14 +606,17 @@ class _Plan:
                 sources, destinations = None, under
             else:
                 break
-            move = self._best_move(sources, destinations)
+            move = self._best_move(sources, destinations, under)
             if move is None:
                 break
             self._apply(*move, underloaded=under)
         return self.decisions
 
     def _best_move(
-        self, sources: set[BrokerId] | None, destinations: set[BrokerId] | None
+        self,
+        sources: set[BrokerId] | None,
+        destinations: set[BrokerId] | None,
+        underloaded: set[BrokerId],
     ) -> tuple[BundleLoad, BrokerId, BrokerId] | None:
         n = len(self.projected)
         s1 = math.fsum(self.projected.values())
@@ -622,9 +626,10 @@ class _Plan:
         best: tuple[float, float, BundleLoad, BrokerId, BrokerId] | None = None
         ascending = sorted(self.order, key=lambda b: self.projected[b])
         means: dict[frozenset[BrokerId], float] = {}
-        for src in self._source_candidates(ascending[::-1], sources):
+        for src, bundles, only_to in self._sources(ascending[::-1], sources, underloaded):
             ls = self.projected[src]
-            for bundle in self.movable[src]:
+            to = destinations if only_to is None else only_to
+            for bundle in bundles:
                 # A bundle the placement rules bind is balanced among the brokers it may be on
                 # (an isolated namespace's primaries may all be over the cluster's mean).
                 bound = self.snapshot.allowed_destinations.get(bundle.bundle)
@@ -632,7 +637,7 @@ class _Plan:
                 if ls <= centre:
                     continue
                 t = bundle.msg_throughput
-                for dst in self._destination_candidates(ascending, bundle, src, destinations):
+                for dst in self._destination_candidates(ascending, bundle, src, to):
                     out, into = t * self.per_byte[src], t * self.fill_per_byte[dst]
                     ld = self.projected[dst]
                     # Only from above the centre to below it, and never past each other: a
@@ -661,26 +666,47 @@ class _Plan:
             found = means[brokers] = math.fsum(loads) / len(loads)
         return found
 
-    def _source_candidates(
-        self, descending: list[BrokerId], only: set[BrokerId] | None
-    ) -> list[BrokerId]:
-        cap = self.config.max_moves_per_broker
-        out: list[BrokerId] = []
+    def _sources(
+        self, descending: list[BrokerId], only: set[BrokerId] | None, underloaded: set[BrokerId]
+    ) -> list[tuple[BrokerId, Sequence[BundleLoad], set[BrokerId] | None]]:
+        """The sources of the next move, each with the bundles to try and where they may go
+        (None: wherever the move is allowed): every movable bundle of the
+        :data:`SOURCES_TRIED` most loaded brokers; and, of any other broker, the bundles the
+        placement rules bind that may go to an underloaded broker, to it only. A bound bundle
+        is balanced among the brokers it may be on, so an isolated namespace left on one
+        primary when another came back empty must fill that one from a broker under the
+        cluster's mean. Only to fill an idle broker: a bound bundle under the mean is no
+        reason to move otherwise."""
+        allowed = self.snapshot.allowed_destinations
+        idle = underloaded if allowed else set()
+        out: list[tuple[BrokerId, Sequence[BundleLoad], set[BrokerId] | None]] = []
+        tried = 0
         for broker in descending:
-            if only is not None and broker not in only:
-                continue
-            if broker not in self.sources and len(self.sources) >= self._source_limit:
-                continue
-            if (
-                self.moves_of[broker] >= cap
-                or self.holding[broker] <= 1
-                or not self.movable[broker]
-            ):
-                continue
-            out.append(broker)
-            if len(out) == SOURCES_TRIED:
+            if tried >= SOURCES_TRIED and not idle:
                 break
+            if not self._may_source(broker, only):
+                continue
+            if tried < SOURCES_TRIED:
+                out.append((broker, self.movable[broker], None))
+                tried += 1
+                continue
+            bound = [
+                b for b in self.movable[broker] if not idle.isdisjoint(allowed.get(b.bundle, ()))
+            ]
+            if bound:
+                out.append((broker, bound, idle))
         return out
+
+    def _may_source(self, broker: BrokerId, only: set[BrokerId] | None) -> bool:
+        if only is not None and broker not in only:
+            return False
+        if broker not in self.sources and len(self.sources) >= self._source_limit:
+            return False
+        return (
+            self.moves_of[broker] < self.config.max_moves_per_broker
+            and self.holding[broker] > 1
+            and bool(self.movable[broker])
+        )
 
     def _destination_candidates(
         self,
