@@ -215,7 +215,8 @@ def _compute(spark: SparkSession, h: HistoryFrames, opts: ReportOptions) -> dict
 
 
 def _ping_pong(decisions: DataFrame, window_ms: int) -> DataFrame:
-    """Bundles arriving at a broker they left less than ``window_ms`` before, per bundle."""
+    """Bundles arriving at a broker they left ``window_ms`` before or less, per bundle (as
+    :func:`lbd.core.balance_metrics.ping_pongs` counts them)."""
     from pyspark.sql import functions as F
 
     arrivals = decisions.where(F.col("dst").isNotNull()).select(
