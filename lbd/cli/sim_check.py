@@ -102,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     seeds = range(args.first, args.first + args.seeds)
     failed: list[Outcome] = []
     reached: Counter[str] = Counter()
+    virtual_s = 0.0
     with search.pool(args.jobs) as pool:
         for outcome in pool.map(_check, map(spec, seeds), chunksize=4):
             reached.update(outcome.probes)
+            virtual_s += outcome.virtual_s
             if not outcome.ok:
                 failed.append(outcome)
                 _report(outcome)
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     short = _report_probes(reached, args.seeds, judged=judged)
     print(
         f"{args.seeds} seeds, {len(failed)} failed, {took:.1f}s "
-        f"({args.seeds / took:.2f} seeds/s, {spec(0).virtual_s:g} virtual s each, "
+        f"({args.seeds / took:.2f} seeds/s, {virtual_s / args.seeds:.0f} virtual s a seed, "
         f"{args.jobs} processes)"
     )
     if short:

@@ -88,6 +88,8 @@ class WorldSpec:
 
     seed: int
     virtual_s: float = 600.0
+    """The span of the schedule: faults start in its first two thirds. The run ends
+    ``ORPHAN_BOUND_S`` after the last of them is over (:attr:`Outcome.virtual_s`)."""
     mean_fault_gap_s: float = 20.0
     brokers: int | None = None
     """3 to 5, chosen by the seed when None."""
@@ -159,6 +161,8 @@ class Outcome:
     (``scheduled_splits``) and bundles the shedder unloaded or transferred (``shed``)."""
     probes: frozenset[str] = frozenset()
     """The probes of :mod:`lbd.core.probes` the run reached."""
+    virtual_s: float = 0.0
+    """The virtual seconds the run lasted."""
 
     @property
     def ok(self) -> bool:

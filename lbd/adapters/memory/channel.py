@@ -107,7 +107,10 @@ class MemoryLog:
         """Index of the first message whose position is greater than ``after``."""
         if after is None:
             return 0
-        return bisect.bisect_right(self._messages, after, key=lambda m: m.position)
+        messages = self._messages
+        if not messages or messages[-1].position <= after:
+            return len(messages)  # a reader at the end, the common case (a read barrier)
+        return bisect.bisect_right(messages, after, key=lambda m: m.position)
 
     # Used by the clients of this module only.
 
