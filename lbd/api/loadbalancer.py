@@ -5,8 +5,8 @@ are raised as lbd errors and mapped to status codes by :mod:`lbd.api.errors`.
 
 ``WatchOwnership`` heartbeats say how fresh the stream is, and only what the sidecar can prove:
 every change the state channel held at an instant ``vouched_age_ms`` before the heartbeat was
-sent has been sent before it. The proof is a read barrier (run by the fence every
-``fence_check_interval_s``) that began after that instant and whose mark the stream has reached
+sent has been sent before it. The proof is a read barrier (run by the fence at least every half
+``channel_fence_after_s``) that began after that instant and whose mark the stream has reached
 (:class:`_Vouch`). A sidecar that cannot read the channel keeps sending heartbeats, with an age
 that grows; a paused one sends none. Ages are measured on this process's monotonic clock.
 """

@@ -24,10 +24,10 @@ faster the broker's clock runs than the sidecar's (parts per million). It holds 
 that stops the vouching: a sidecar that keeps the stream open but cannot read the channel sends
 heartbeats with a growing age, a paused or cut-off one sends none, a closed stream sends nothing;
 in each case the answers stop at most B after the last instant vouched for. The heartbeats come
-every ``heartbeat_s`` and the sidecar's read barrier every ``fence_check_interval_s`` (1 s by
-default), so in steady state the data is at most about ``fence_check_interval_s + 2 *
-heartbeat_s`` old, plus twice a barrier's duration: pick B above that with a margin (the default
-5 s is). A smaller B means more refusals, never wrong answers.
+every ``heartbeat_s`` and the sidecar's read barrier at least every half
+``channel_fence_after_s`` (0.75 s by default), so in steady state the data is at most about
+``channel_fence_after_s / 2 + 2 * heartbeat_s`` old, plus twice a barrier's duration: pick B above
+that with a margin (the default 5 s is). A smaller B means more refusals, never wrong answers.
 
 Topic answers: a topic belongs to the bundle of its namespace whose hash range holds the CRC-32 of
 its full name (:func:`lbd.core.bundles.topic_hash`). The cache keeps, per namespace, the ranges of

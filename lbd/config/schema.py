@@ -261,10 +261,11 @@ class EtcdSettings(Section):
     """Added to every wait for a lease granted to the broker to run out: the time the grant
     takes to reach it and clock-rate differences between hosts."""
     fence_check_interval_s: Seconds = 0.25
-    """How often the sidecar runs a channel read barrier, and how often a fenced sidecar looks
-    whether it may unfence (a vouching sidecar checks its grounds the moment the first of them
-    would lapse). At most keepalive_interval_s, so that a barrier comes at least as often as a
-    renewal."""
+    """How often the sidecar runs a channel read barrier while its etcd lease could lapse within
+    one and a half channel_fence_after_s (while the lease is sound, every half
+    channel_fence_after_s), and how often a fenced sidecar looks whether it may unfence (a
+    vouching sidecar checks its grounds the moment the first of them would lapse). At most
+    keepalive_interval_s, so that a barrier comes at least as often as a renewal."""
     retry_s: Seconds = 1.0
     """Pause before a sidecar retries what met an etcd or channel outage (a registration, a
     proposal of its reconciliation, a campaign). Below lease_ttl_s, so a retry comes within one

@@ -271,8 +271,9 @@ class SidecarTimings:
     """How long it vouches on the channel after the start of its last read barrier
     (``etcd.channel_fence_after_s``)."""
     fence_check_interval_s: float = 0.25
-    """How often the read barrier runs, and a fenced sidecar looks whether it may unfence
-    (``etcd.fence_check_interval_s``)."""
+    """How often the read barrier runs while the etcd lease is in doubt (every half
+    ``channel_fence_after_s`` while it is sound), and a fenced sidecar looks whether it may
+    unfence (``etcd.fence_check_interval_s``)."""
     retry_s: float = 1.0
     """Pause before retrying a write that met an outage (``etcd.retry_s``)."""
     serving_lease_s: float = 2.0

@@ -277,7 +277,28 @@ class Fence(Component):
     async def _run_barriers(self) -> None:
         while True:
             await self._barrier()
-            await self._clock.sleep(self._check_interval_s)
+            await self._clock.sleep(self._until_next_barrier_s())
+
+    def _until_next_barrier_s(self) -> float:
+        """How long until the next read barrier: half the channel window while the lease
+        ground holds and will hold for longer than the channel window plus that half (the
+        channel ground is then a spare, and a barrier that often keeps it, the watchers' vouch
+        and :attr:`readable_since` going); every ``check_interval_s`` otherwise.
+
+        A lease ground that runs out does so no sooner than it looked here: once it could lapse
+        within a channel window and a half, barriers come often again, and one of them begins
+        within the last channel window before the lapse and completes long before it. One that
+        is voided at once (a registration being rewritten; a new lease, whose own barrier
+        :meth:`_follow_session` runs) leaves the channel ground, whose last barrier began at
+        most half a window and one barrier's time ago: the next one, at most half a window
+        later, renews it while a barrier takes under a quarter of the window."""
+        relaxed_s = self._channel_fence_after_s / 2
+        if self._fenced or not self._lease_vouches():
+            return self._check_interval_s
+        lease_left_s = self._fence_after_s - self._lease_stale_s()
+        if lease_left_s > self._channel_fence_after_s + relaxed_s:
+            return relaxed_s
+        return self._check_interval_s
 
     async def _barrier(self) -> None:
         """One channel read barrier; when it completes, the time it began vouches."""

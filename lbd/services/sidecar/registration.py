@@ -49,6 +49,9 @@ from lbd.tasks import Component, Tasks, cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
+_MIN_LOOK_GAP_S = 0.01
+"""The shortest wait between two looks of the silence watch."""
+
 
 class BrokerRegistration(Component):
     """Keeps this sidecar's broker registered while it is attached (or always, with auto-ack)."""
@@ -122,7 +125,7 @@ class BrokerRegistration(Component):
 
     async def _watch_silence(self) -> None:
         while True:
-            await self._clock.sleep(self._silence_timeout_s / 4)
+            await self._clock.sleep(self._until_next_look_s())
             info, heard = self._link.info, self._link.last_heard
             if info is None or heard is None:
                 self._silent = False
@@ -141,6 +144,17 @@ class BrokerRegistration(Component):
                 self._silent = False
                 _log.info("broker %s heard from again: registered", info.broker_id)
                 self._register(info)
+
+    def _until_next_look_s(self) -> float:
+        """How long until the silence watch looks again: the moment the broker would have been
+        silent for ``silence_timeout_s`` while it is heard from (a live broker asks for its
+        lease every quarter of it, so this comes rarely); a quarter of the timeout while it is
+        silent or not attached, to notice it again."""
+        poll_s = self._silence_timeout_s / 4
+        heard = self._link.last_heard
+        if self._silent or self._link.info is None or heard is None:
+            return poll_s
+        return max(_MIN_LOOK_GAP_S, heard + self._silence_timeout_s - self._clock.monotonic())
 
     async def _follow(self, events: AsyncGenerator[LinkEvent, None]) -> None:
         async with contextlib.aclosing(events):

@@ -18,6 +18,17 @@ from lbd.ports.errors import UnavailableError
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)
 BUNDLES = [b.id for b in LAYOUT.bundles()]
 TIMING = Timing(lease_ttl_s=15, keepalive_interval_s=2.0, fence_after_s=8.0)
+SECONDS = Timing(
+    lease_ttl_s=3,
+    keepalive_interval_s=0.5,
+    fence_after_s=3.0,
+    channel_fence_after_s=1.5,
+    fence_check_interval_s=0.25,
+    serving_lease_s=2.0,
+    silence_timeout_s=6.0,
+)
+"""The default timings (failover in seconds), with a renewal every half second: while etcd
+answers, the lease ground always holds with room to spare."""
 
 
 def topic_in(bundle: str) -> str:
@@ -113,6 +124,28 @@ async def test_an_ack_arriving_after_fencing_is_undone() -> None:
             assert await owning is False
         assert [(e.kind, e.bundle) for e in h.events][-1] == ("close", BUNDLES[0])
         assert a.served() == frozenset()
+
+
+async def test_barriers_come_every_half_channel_window_while_the_lease_is_sound() -> None:
+    async with Harness(timing=SECONDS) as h:
+        a = await h.add("a", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await a.operations.assign(BUNDLES[0], a.me)
+        await h.idle()
+        begun = a.follower.barriers_begun
+        await h.clock.run_for(6.0, step=0.05)
+        # Every 0.75 s (half of channel_fence_after_s): 8 in 6 s, not 24 (one per check).
+        assert 7 <= a.follower.barriers_begun - begun <= 9
+        # etcd goes: once the lease could lapse within a channel window and a half, a barrier
+        # comes every check interval, and the channel ground takes over with no gap at all.
+        h.metadata.set_reachable(False)
+        begun = a.follower.barriers_begun
+        for _ in range(200):  # ten seconds, looked at every 50 ms
+            await h.clock.run_for(0.05, step=0.05)
+            assert a.fence.vouches() and not a.fence.fenced
+        assert a.follower.barriers_begun - begun >= 25  # about one per 0.3 s (50 ms steps)
+        assert a.broker.serving == {BUNDLES[0]} and a.broker.may_serve()
+        assert h.violations == []
 
 
 LEADING = dataclasses.replace(

@@ -183,6 +183,21 @@ async def test_a_silent_broker_is_deregistered_and_its_bundles_move_after_its_le
         await settle(h.clock, lambda: a.registry.get(b.me) is not None, seconds=10)
 
 
+async def test_a_silent_broker_is_deregistered_the_moment_its_silence_reaches_the_timeout() -> None:
+    async with Harness() as h:
+        a = await h.add("a")
+        b = await h.add("b", auto_ack=False, fake_broker=True)
+        await h.ready()
+        await h.clock.run_for(1.4)  # out of step with the watch's first wake, whenever it is
+        b.broker.paused = True
+        heard = b.link.last_heard
+        assert heard is not None
+        await settle(h.clock, lambda: a.registry.get(b.me) is None, seconds=20, step=0.05)
+        # The watch wakes when the silence would reach the timeout, not up to a quarter later.
+        timeout_s = h.timing.silence_timeout_s
+        assert heard + timeout_s <= h.clock.monotonic() <= heard + timeout_s + 0.2
+
+
 async def test_a_child_moved_away_during_a_split_takes_its_parent_off_the_broker() -> None:
     """A split waits for the namespace layout (its sidecar is cut off etcd) while the leader
     hands one child to another broker: the splitting broker stops serving the parent, whose range
