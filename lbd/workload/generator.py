@@ -181,20 +181,26 @@ def draw_rules(
 ) -> dict[NamespaceName, NamespacePolicies]:
     """The placement rules of a cluster: none on two clusters in five; else namespaces isolated
     on primaries enough for their traffic (and a spare), an anti-affinity group of two to five
-    namespaces, or both. Joining brokers are never primaries."""
+    namespaces, or both. Joining brokers are never primaries, and the isolated namespaces never
+    reserve every broker: an isolation that would is not drawn, as an operator leaves brokers
+    for the namespaces nobody isolated (with none left, their bundles could go nowhere)."""
     kind = rng.choice(("none", "none", "isolation", "anti-affinity", "both"))
     policies: dict[NamespaceName, NamespacePolicies] = {}
     if kind in ("isolation", "both") and len(names) >= 2 and len(brokers) >= 4:
         isolated = rng.sample(list(names), rng.randint(1, min(3, len(names) // 2)))
         total = math.fsum(traffic.values())
+        reserved: set[BrokerId] = set()
         for namespace in isolated:
             share = math.fsum(t for b, t in traffic.items() if b.startswith(f"{namespace}/"))
             need = math.ceil(len(brokers) * share / total) + 1
             primaries = sorted(rng.sample(list(brokers), min(len(brokers) // 2, max(2, need))))
+            secondary = (".*",) if rng.random() < 0.5 else ()
+            if reserved.union(primaries) >= set(brokers):
+                continue
+            reserved.update(primaries)
             policies[namespace] = NamespacePolicies(
                 isolation=IsolationPolicy(
-                    primary=("|".join(re.escape(b) for b in primaries),),
-                    secondary=(".*",) if rng.random() < 0.5 else (),
+                    primary=("|".join(re.escape(b) for b in primaries),), secondary=secondary
                 )
             )
     if kind in ("anti-affinity", "both"):

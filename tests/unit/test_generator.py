@@ -123,6 +123,24 @@ def test_no_strategy_makes_a_move_the_placement_rules_forbid(seed: int) -> None:
         assert judged.forbidden_moves == 0, (strategy, FORBIDDEN[seed])
 
 
+NO_SHARED_BROKER = {
+    40: "4 brokers: two isolated namespaces on two primaries each reserved all four",
+    224: "4 brokers: two isolated namespaces on two primaries each reserved all four",
+    795: "4 brokers: the third of three isolated namespaces reserved the last one",
+    928: "4 brokers: the third of three isolated namespaces reserved the last one",
+}
+"""Clusters whose isolation rules once reserved every broker."""
+
+
+@pytest.mark.parametrize("seed", sorted(NO_SHARED_BROKER))
+def test_isolation_leaves_brokers_for_the_namespaces_nobody_isolated(seed: int) -> None:
+    s = generate(seed, CONFIG.target_std).scenario
+    isolations = [p.isolation for p in s.policies.values() if p.isolation is not None]
+    assert isolations, "the cluster still isolates a namespace"
+    shared = [b for b in s.brokers if not any(i.is_primary(b) for i in isolations)]
+    assert shared, NO_SHARED_BROKER[seed]
+
+
 PING_PONGS = {
     151: "a bundle moved at cycle 7 sent back to the broker it left at cycle 67, on the hour",
     393: "a bundle moved at cycle 1 sent back at cycle 61: the planner's window ended just before",
