@@ -1,10 +1,11 @@
 """Benchmark of the deterministic simulation (:mod:`lbd.simulation.world`): seeds per second.
 
-``python -m bench.sim_bench [--seeds N] [--jobs J]`` runs N seeds of ten virtual minutes each
-(3 to 5 brokers, every kind of fault) over J processes, the way ``lbd sim check`` does, and
-prints seeds per second, virtual time per seed, and what 10,000 seeds would take at that rate;
-then, for each planted bug (:mod:`lbd.simulation.mutations`), the first seed of its search that
-finds it.
+``python -m bench.sim_bench [--seeds N] [--jobs J]`` runs N seeds of the default schedule (3 to
+5 brokers, every kind of fault in the first two thirds of ten virtual minutes, each run ending
+when its faults are over and the orphan bound has passed) over J processes, the way ``lbd sim
+check`` does, and prints seeds per second, virtual time per seed, and what 10,000 seeds would
+take at that rate; then, for each planted bug (:mod:`lbd.simulation.mutations`), the first seed
+of its search that finds it.
 """
 
 from __future__ import annotations

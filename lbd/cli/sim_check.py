@@ -50,7 +50,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=float,
         default=None,
         metavar="S",
-        help="virtual seconds per seed (default 600, or the mutation's search)",
+        help="the span of each seed's schedule in virtual seconds, faults in its first two "
+        "thirds; a run ends 25 s after its faults (default 600, or the mutation's search)",
     )
     p.add_argument(
         "--faults",
