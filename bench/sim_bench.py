@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import time
 
@@ -37,14 +38,15 @@ def run(*, seeds: int = 200, jobs: int | None = None) -> dict[str, float]:
         started = time.perf_counter()
         outcomes = list(pool.map(check, specs, chunksize=4))
         took = time.perf_counter() - started
+    virtual_s = math.fsum(o.virtual_s for o in outcomes)
     return {
         "seeds": float(seeds),
         "processes": float(jobs),
-        "virtual_s_per_seed": sum(o.virtual_s for o in outcomes) / seeds,
+        "virtual_s_per_seed": virtual_s / seeds,
         "faults_per_seed": sum(len(o.faults) for o in outcomes) / seeds,
         "failed_seeds": float(sum(not o.ok for o in outcomes)),
         "seeds_per_s": seeds / took,
-        "virtual_s_per_wall_s": sum(o.virtual_s for o in outcomes) / took,
+        "virtual_s_per_wall_s": virtual_s / took,
         "projected_10k_seeds_min": 10_000 / (seeds / took) / 60,
     }
 

@@ -265,6 +265,17 @@ async def sleep_timeout(
         timer.cancel()
 
 
+MIN_WAIT_S = 0.01
+"""The shortest wait before a deadline a periodic task computed (:func:`seconds_until`): one
+that ends this instant is looked at at once, yet the task never spins."""
+
+
+def seconds_until(clock: Clock, deadline: float) -> float:
+    """How long to sleep on ``clock`` until ``deadline`` (clock-monotonic), at least
+    :data:`MIN_WAIT_S`."""
+    return max(MIN_WAIT_S, deadline - clock.monotonic())
+
+
 def idle_timeout(
     clock: Clock, seconds: float, progress: Callable[[], object]
 ) -> contextlib.AbstractAsyncContextManager[_Expiry]:

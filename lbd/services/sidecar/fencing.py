@@ -44,12 +44,9 @@ from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.registration import BrokerRegistration
-from lbd.tasks import Component, Tasks
+from lbd.tasks import Component, Tasks, seconds_until
 
 _log = logging.getLogger(__name__)
-
-_MIN_CHECK_GAP_S = 0.01
-"""The shortest wait between two checks (a ground that ends this instant is checked now)."""
 
 
 def _announced_away(value: ServiceUnitStateData) -> bool:
@@ -272,7 +269,7 @@ class Fence(Component):
             ends.append(self._barrier_began + self._channel_fence_after_s)
         if not ends:
             return self._check_interval_s
-        return max(_MIN_CHECK_GAP_S, min(ends) - self._clock.monotonic())
+        return seconds_until(self._clock, min(ends))
 
     async def _run_barriers(self) -> None:
         while True:

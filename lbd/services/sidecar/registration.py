@@ -45,12 +45,9 @@ from lbd.ports.errors import UnavailableError
 from lbd.services.cluster.maintenance_view import MaintenanceChange, MaintenanceView
 from lbd.services.cluster.registry import BrokerRegistry
 from lbd.services.sidecar.broker_link import BrokerLink, LinkEvent, LinkEventKind
-from lbd.tasks import Component, Tasks, cancel_and_wait, guard
+from lbd.tasks import Component, Tasks, cancel_and_wait, guard, seconds_until
 
 _log = logging.getLogger(__name__)
-
-_MIN_LOOK_GAP_S = 0.01
-"""The shortest wait between two looks of the silence watch."""
 
 
 class BrokerRegistration(Component):
@@ -154,7 +151,7 @@ class BrokerRegistration(Component):
         heard = self._link.last_heard
         if self._silent or self._link.info is None or heard is None:
             return poll_s
-        return max(_MIN_LOOK_GAP_S, heard + self._silence_timeout_s - self._clock.monotonic())
+        return seconds_until(self._clock, heard + self._silence_timeout_s)
 
     async def _follow(self, events: AsyncGenerator[LinkEvent, None]) -> None:
         async with contextlib.aclosing(events):

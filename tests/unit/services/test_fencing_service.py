@@ -11,21 +11,22 @@ from rig import QUIET, settle, turns
 
 from lbd.core.broker_info import CommandAck
 from lbd.core.bundles import NamespaceBundles
-from lbd.core.settings import MonitorConfig
+from lbd.core.settings import MonitorConfig, SidecarTimings
 from lbd.core.state import ServiceUnitState
 from lbd.ports.errors import UnavailableError
 
 LAYOUT = NamespaceBundles.default(DEFAULT_NAMESPACE)
 BUNDLES = [b.id for b in LAYOUT.bundles()]
 TIMING = Timing(lease_ttl_s=15, keepalive_interval_s=2.0, fence_after_s=8.0)
+DEFAULTS = SidecarTimings()
 SECONDS = Timing(
-    lease_ttl_s=3,
+    lease_ttl_s=3,  # etcd.lease_ttl_s
     keepalive_interval_s=0.5,
-    fence_after_s=3.0,
-    channel_fence_after_s=1.5,
-    fence_check_interval_s=0.25,
-    serving_lease_s=2.0,
-    silence_timeout_s=6.0,
+    fence_after_s=DEFAULTS.fence_after_s,
+    channel_fence_after_s=DEFAULTS.channel_fence_after_s,
+    fence_check_interval_s=DEFAULTS.fence_check_interval_s,
+    serving_lease_s=DEFAULTS.serving_lease_s,
+    silence_timeout_s=DEFAULTS.silence_timeout_s,
 )
 """The default timings (failover in seconds), with a renewal every half second: while etcd
 answers, the lease ground always holds with room to spare."""
