@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 if TYPE_CHECKING:
     from lbd.ports.clock import Clock
@@ -105,6 +106,47 @@ REAP_S: Final = 5.0
 time). A cancelled task ends within a few turns of the loop, or within the bound of its last
 clean-up (closing a Pulsar reader is bounded at 2 s); one still running after this is a bug,
 named in the log, and the close goes on without it."""
+
+
+class Mailbox(Generic[T]):
+    """An unbounded first-in first-out queue with one reader: :class:`asyncio.Queue`'s
+    ``put_nowait`` and ``get``, woken in the same order, without its bound, its task accounting
+    and its list of waiting readers. A broker session's messages pass through two of these,
+    every quarter of a serving lease each way."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[T] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: T) -> None:
+        """Append ``item`` and wake the reader if it waits."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> T:
+        """The oldest item, once there is one."""
+        items = self._items
+        while not items:
+            if self._waiter is not None:
+                raise RuntimeError("a Mailbox has one reader; a second one waits on it")
+            waiter: asyncio.Future[None] = asyncio.Future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return items.popleft()
+
+    def qsize(self) -> int:
+        """How many items wait to be read."""
+        return len(self._items)
 
 
 class Tasks:
@@ -257,12 +299,105 @@ async def sleep_timeout(
         if expiry.expired() and task.uncancel() <= cancelling:
             raise TimeoutError from e
         raise
+    except BaseException:
+        if expiry.expired():
+            task.uncancel()  # the body failed otherwise once cancelled: the timer's is spent
+        raise
     else:
         if expiry.expired():
             task.uncancel()  # the body swallowed the cancellation the timer sent
     finally:
         # A timer whose sleep ended but that has not run yet is cancelled before it cancels.
         timer.cancel()
+
+
+class WakeTimeout:
+    """:func:`sleep_timeout` for a clock that hands out wake-up futures
+    (:meth:`lbd.adapters.clock.ManualClock.wake_after`): the body is cancelled from the
+    future's done callback, with no timer task. Every deadline of the simulated world is one
+    of these, and a task to make, start and cancel per deadline cost ten times as much.
+
+    ``wake(seconds)`` gives the future (done once ``seconds`` of the clock have passed; seconds
+    > 0). ``hold()``, when given, is asked as the time runs out: None lets the scope expire now,
+    an awaitable defers that until it completes (a paused host's timers wait for its resume).
+    Entered once, in a task; ``expired()`` says whether the time ran out.
+    """
+
+    __slots__ = ("_cancelling", "_held", "_hold", "_seconds", "_state", "_task", "_timer", "_wake")
+
+    _OPEN, _EXPIRED, _CLOSED = 0, 1, 2
+
+    def __init__(
+        self,
+        wake: Callable[[float], asyncio.Future[None]],
+        seconds: float,
+        hold: Callable[[], Awaitable[object] | None] | None = None,
+    ) -> None:
+        self._wake = wake
+        self._seconds = seconds
+        self._hold = hold
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._timer: asyncio.Future[None] | None = None
+        self._held: asyncio.Future[None] | None = None
+        self._state = self._OPEN
+
+    def expired(self) -> bool:
+        """Whether the scope's time ran out (its body was cancelled for it)."""
+        return self._state == self._EXPIRED
+
+    async def __aenter__(self) -> Self:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a clock's timeout must be used inside a task")
+        self._task, self._cancelling = task, task.cancelling()
+        if self._seconds > 0:
+            timer = self._wake(self._seconds)
+        else:  # the next turn of the loop, as a sleep of no time would
+            timer = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(_resolve, timer)
+        timer.add_done_callback(self._time_up)
+        self._timer = timer
+        return self
+
+    def _time_up(self, timer: asyncio.Future[None]) -> None:
+        if self._state != self._OPEN or timer.cancelled():
+            return  # the scope closed before this callback ran
+        pending = self._hold() if self._hold is not None else None
+        if pending is None:
+            self._expire()
+        else:
+            self._held = asyncio.ensure_future(self._expire_after(pending))
+
+    async def _expire_after(self, pending: Awaitable[object]) -> None:
+        await pending
+        if self._state == self._OPEN:
+            self._expire()
+
+    def _expire(self) -> None:
+        self._state = self._EXPIRED
+        assert self._task is not None
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: Any, tb: Any) -> None:
+        expired = self._state == self._EXPIRED
+        if not expired:
+            self._state = self._CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._held is not None:
+            self._held.cancel()
+        if not expired:
+            return
+        # The timer's cancellation is spent however the body ended (as asyncio.timeout's).
+        assert self._task is not None
+        if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 MIN_WAIT_S = 0.01

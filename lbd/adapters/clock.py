@@ -9,7 +9,7 @@ import time
 from contextlib import AbstractAsyncContextManager
 
 from lbd.ports.clock import TimeoutScope
-from lbd.tasks import sleep_timeout
+from lbd.tasks import WakeTimeout
 
 
 class SystemClock:
@@ -41,30 +41,39 @@ class ManualClock:
 
     def __init__(self, start_ms: int = 1_700_000_000_000, start_monotonic: float = 1000.0) -> None:
         self._wall_offset_ms = start_ms - round(start_monotonic * 1000)
-        self._now = start_monotonic
+        self.now = start_monotonic
+        """The manual time in seconds (what :meth:`monotonic` returns; an attribute for the
+        simulated world's clocks, which read it on every look at the time). Moved only by
+        :meth:`advance` and :meth:`advance_to_next`."""
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
     def now_ms(self) -> int:
         """Wall milliseconds, moving with :meth:`monotonic`."""
-        return self._wall_offset_ms + round(self._now * 1000)
+        return self._wall_offset_ms + round(self.now * 1000)
 
     def monotonic(self) -> float:
         """The manual time in seconds."""
-        return self._now
+        return self.now
 
     async def sleep(self, seconds: float) -> None:
         """Wait until the clock has been advanced by ``seconds`` (at least one loop turn)."""
         if seconds <= 0:
             await asyncio.sleep(0)
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), future))
-        await future
+        await self.wake_after(seconds)
+
+    def wake_after(self, seconds: float) -> asyncio.Future[None]:
+        """A future done once the clock has been advanced by ``seconds`` (> 0): what
+        :meth:`sleep` awaits, for a clock of the simulated world built on this one to await
+        without a coroutine of its own per sleep."""
+        future: asyncio.Future[None] = asyncio.Future()
+        heapq.heappush(self._sleepers, (self.now + seconds, next(self._seq), future))
+        return future
 
     def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
         """A scope cancelled once the clock has been advanced by ``seconds``."""
-        return sleep_timeout(self.sleep, seconds)
+        return WakeTimeout(self.wake_after, seconds)
 
     @property
     def sleepers(self) -> int:
@@ -82,23 +91,33 @@ class ManualClock:
     def advance_to_next(self, limit: float | None = None) -> bool:
         """Move time to the earliest pending sleep's deadline (never past ``limit``, when
         given) and wake what ends then; False when nothing sleeps (time stays)."""
-        deadline = self.next_deadline()
-        if deadline is None:
-            if limit is not None and limit > self._now:
-                self._now = limit
+        # One call per instant of a simulated run: next_deadline and advance, inline.
+        sleepers, pop = self._sleepers, heapq.heappop
+        while sleepers and sleepers[0][2].done():  # cancelled while asleep
+            pop(sleepers)
+        if not sleepers:
+            if limit is not None and limit > self.now:
+                self.now = limit
             return False
+        deadline = sleepers[0][0]
         if limit is not None and limit < deadline:
-            self._now = max(self._now, limit)
+            self.now = max(self.now, limit)
             return True
-        self.advance(max(0.0, deadline - self._now))
+        now = self.now
+        now += max(0.0, deadline - now)
+        self.now = now
+        while sleepers and sleepers[0][0] <= now:
+            future = pop(sleepers)[2]
+            if not future.done():
+                future.set_result(None)
         return True
 
     def advance(self, seconds: float) -> None:
         """Move time forward and wake every sleep whose deadline has passed."""
         if seconds < 0:
             raise ValueError(f"a clock cannot go back: advance({seconds})")
-        self._now += seconds
-        while self._sleepers and self._sleepers[0][0] <= self._now:
+        self.now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self.now:
             _, _, future = heapq.heappop(self._sleepers)
             if not future.done():
                 future.set_result(None)

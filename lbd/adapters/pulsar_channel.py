@@ -416,6 +416,16 @@ class PulsarChannelLog:
             if reader is not None:
                 await self._discard_reader(reader)
 
+    async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        """The last position :meth:`catch_up` delivers after ``after`` (see the port): read to
+        the end with a reader of its own, as catch-up does, skipping what the log wrote for
+        itself and what it delivered twice."""
+        last: ChannelPosition | None = None
+        async with contextlib.aclosing(self.catch_up(after)) as ahead:
+            async for message in ahead:
+                last = message.position
+        return last
+
     async def _bootstrap(self) -> None:
         position = await self._send(BOOTSTRAP_KEY, b"")
         _log.info("channel %s: wrote the bootstrap marker at %s", self._topic, position)

@@ -115,6 +115,16 @@ class ChannelLog(Protocol):
         """
         ...
 
+    async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        """The position of the last message :meth:`catch_up` would deliver after ``after`` now;
+        None when it would deliver none.
+
+        What a read barrier asks (where the log ends), without the messages on the way: a
+        follower that applies up to this position has read everything the log held at the
+        call. Raises :class:`~lbd.ports.errors.UnavailableError` as :meth:`catch_up` does.
+        """
+        ...
+
     async def close(self) -> None:
         """Release producers and readers; running :meth:`follow` iterators end. Idempotent."""
         ...

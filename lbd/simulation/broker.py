@@ -36,9 +36,9 @@ from lbd.core.broker_info import (
 from lbd.core.errors import LbdError
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.lease import BrokerLease
-from lbd.ports.clock import Clock
-from lbd.simulation.hosts import Gate, HostClock
+from lbd.simulation.hosts import Gate, HostClock, WakingClock
 from lbd.simulation.schedule import REPORT_S
+from lbd.tasks import Mailbox
 
 if TYPE_CHECKING:
     from lbd.simulation.world import World
@@ -50,7 +50,7 @@ class ContractBroker:
     def __init__(
         self,
         info: BrokerInfo,
-        clock: Clock,
+        clock: WakingClock,
         serving_lease_s: float,
         *,
         takes_own_batches: bool = False,
@@ -65,8 +65,9 @@ class ContractBroker:
         """Closed while the broker is paused."""
         self._gate = Gate()
         """Its sidecar's: closed while that is paused (nothing goes either way)."""
-        self._outgoing: asyncio.Queue[BrokerMessage | None] = asyncio.Queue()
+        self._outgoing: Mailbox[BrokerMessage | None] = Mailbox()
         self._tasks: list[asyncio.Task[None]] = []
+        self._lease_timer: asyncio.Future[None] | None = None
 
     @property
     def id(self) -> BrokerId:
@@ -105,7 +106,7 @@ class ContractBroker:
         """Open a session (``gate``: its sidecar's, closed while that is paused): Hello, then
         the lease requests."""
         self._gate = gate or Gate()
-        self._outgoing = asyncio.Queue()
+        self._outgoing = Mailbox()
         self._outgoing.put_nowait(Hello(self.info, takes_own_batches=self._takes_own_batches))
         self.lease = BrokerLease()
         self._tasks = [
@@ -181,16 +182,33 @@ class ContractBroker:
         self.serving.clear()  # the session ended: it serves nothing
 
     async def _keep_lease(self) -> None:
-        clock = self.clock
-        while True:
-            if not self.paused:
-                self._outgoing.put_nowait(self.lease.request(clock.monotonic()))
-            await clock.sleep(self._lease_s / 4)
-            if self.paused or not self.enforces_lease():
-                continue  # it notices nothing while paused; its clock runs on
-            if self.lease.lapse_if_due(clock.monotonic()):
-                self.on_lapse(bool(self.serving))
-                self.serving.clear()
+        """Ask for the lease now and every quarter of it, noting a lapse before each ask, until
+        cancelled. The turns run on the clock's wake-ups, not on a task that sleeps between
+        them: this is a simulated world's most frequent wake, and a callback costs a third of
+        a task's turn."""
+        self._ask_for_lease()
+        try:
+            await asyncio.get_running_loop().create_future()  # until the session closes
+        finally:
+            if self._lease_timer is not None:
+                self._lease_timer.cancel()
+                self._lease_timer = None
+
+    def _ask_for_lease(self) -> None:
+        if not self.paused:
+            self._outgoing.put_nowait(self.lease.request(self.clock.monotonic()))
+        self._lease_timer = self.clock.wake_after(self._lease_s / 4)
+        self._lease_timer.add_done_callback(self._lease_turn)
+
+    def _lease_turn(self, timer: asyncio.Future[None]) -> None:
+        if timer.cancelled():
+            return
+        # A paused broker notices nothing (its clock runs on); nor does one whose lease is off.
+        noticed = not self.paused and self.enforces_lease()
+        if noticed and self.lease.lapse_if_due(self.clock.monotonic()):
+            self.on_lapse(bool(self.serving))
+            self.serving.clear()
+        self._ask_for_lease()
 
     def _handle(self, message: SidecarMessage) -> None:
         command = message.command

@@ -8,16 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 from lbd.adapters.clock import ManualClock
 from lbd.adapters.memory.channel import MemoryChannelLog, MemoryLog
 from lbd.core.load import BrokerUsage, ResourceUsage
 from lbd.core.table import ChannelPosition
 from lbd.ports.channel import ChannelMessage
-from lbd.ports.clock import TimeoutScope
-from lbd.tasks import sleep_timeout
+from lbd.ports.clock import Clock, TimeoutScope
+from lbd.tasks import WakeTimeout
 
 
 class Gate:
@@ -26,20 +27,28 @@ class Gate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._open.is_set()
+        self.paused = False
+        """Whether the gate is closed (a plain attribute: every sleep of the world asks)."""
 
     def set(self, closed: bool) -> None:
+        self.paused = closed
         if closed:
             self._open.clear()
         else:
             self._open.set()
 
     async def wait(self) -> None:
-        if not self._open.is_set():
+        if self.paused:
             await self._open.wait()
+
+
+class WakingClock(Clock, Protocol):
+    """A clock of the simulated world: the port's, and wake-up futures a callback can wait on
+    (:meth:`ManualClock.wake_after`)."""
+
+    def wake_after(self, seconds: float) -> asyncio.Future[None]:
+        """A future done once ``seconds`` (> 0) of this clock have passed."""
+        ...
 
 
 class HostClock:
@@ -57,15 +66,32 @@ class HostClock:
 
     def monotonic(self) -> float:
         origin = self._origin
-        return origin + (self._clock.monotonic() - origin) * self._rate
+        return origin + (self._clock.now - origin) * self._rate
 
     async def sleep(self, seconds: float) -> None:
-        await self._clock.sleep(seconds / self._rate)
-        if self._gate is not None:
-            await self._gate.wait()
+        # The world's clock's future, awaited here: every task of the world sleeps through
+        # this, so it costs one coroutine, not two.
+        if seconds <= 0:
+            await asyncio.sleep(0)
+        else:
+            await self._clock.wake_after(seconds / self._rate)
+        gate = self._gate
+        if gate is not None and gate.paused:
+            await gate.wait()
 
     def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:
-        return sleep_timeout(self.sleep, seconds)
+        return WakeTimeout(self.wake_after, seconds, self._hold)
+
+    def wake_after(self, seconds: float) -> asyncio.Future[None]:
+        """Done once ``seconds`` (> 0) of this host's time have passed, gate or not (a gated
+        sleep or timeout waits for the gate after it)."""
+        return self._clock.wake_after(seconds / self._rate)
+
+    def _hold(self) -> Awaitable[None] | None:
+        """What a timer whose time ran out waits for first: the sidecar's resume, while its
+        host is paused."""
+        gate = self._gate
+        return gate.wait() if gate is not None and gate.paused else None
 
 
 class GatedChannel:
@@ -95,6 +121,10 @@ class GatedChannel:
             async for message in messages:
                 await self._gate.wait()
                 yield message
+
+    async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        await self._gate.wait()
+        return await self._inner.last_after(after)
 
     async def close(self) -> None:
         await self._inner.close()

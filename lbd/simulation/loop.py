@@ -50,9 +50,9 @@ class VirtualTimeLoop(base_events.BaseEventLoop):
         self._clock = clock
         self._clock_resolution = 0.0
 
-    def get_debug(self) -> bool:
-        """Never in debug mode (asked for every future made)."""
-        return False
+    # Never in debug mode. Every future and task made asks, from C: ``bool()`` answers False
+    # without a Python frame.
+    get_debug = staticmethod(bool)
 
     def time(self) -> float:
         """The virtual time (``call_at`` deadlines are on this scale)."""
@@ -101,10 +101,23 @@ class VirtualTimeLoop(base_events.BaseEventLoop):
         # Run what is ready and what that makes ready, in order, until the instant settles (or
         # the loop is told to stop): with no I/O to poll there is nothing to go back for.
         ran = 0
+        popleft = ready.popleft
         while ready and not self._stopping:
-            handle = ready.popleft()
+            handle = popleft()
             if not handle._cancelled:
-                handle._run()
+                # Handle._run, inline: a frame less for each of the world's callbacks.
+                try:
+                    handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as e:
+                    self.call_exception_handler(
+                        {
+                            "message": f"Exception in callback {handle!r}",
+                            "exception": e,
+                            "handle": handle,
+                        }
+                    )
             ran += 1
             if ran > LIVELOCK_CALLBACKS:
                 raise SimulationStuck(

@@ -121,7 +121,7 @@ def _wait_without_lease(self: SidecarTimings) -> float:
     return self.channel_fence_after_s + self.lease_margin_s
 
 
-def _lease_never_stale(self: Fence) -> float:
+def _lease_never_stale(self: Fence, now: float | None = None) -> float:
     """The lease's age as the lease ground sees it: never any."""
     return 0.0
 

@@ -234,6 +234,19 @@ class ChannelLogContract:
         assert entries(after_two) == [("t/ns/b2", b"2"), ("t/ns/b3", b"3"), ("t/ns/b4", b"4")]
         assert nothing_new == []
 
+    async def test_last_after_names_where_catch_up_would_end(
+        self, new_channel: ChannelFactory
+    ) -> None:
+        writer, reader = new_channel(), new_channel()
+        assert await reader.last_after(None) is None  # nothing yet, the log's own marker unseen
+        positions = [await writer.publish(f"t/ns/b{i}", b"%d" % i) for i in range(5)]
+
+        for after in (None, positions[0], positions[3]):
+            caught = await catch_up_all(reader, after)
+            assert await reader.last_after(after) == caught[-1].position == positions[-1]
+        assert await reader.last_after(positions[-1]) is None
+        assert await catch_up_all(reader, positions[-1]) == []
+
     async def test_catch_up_of_an_empty_log_ends_and_leaves_nothing_visible(
         self, new_channel: ChannelFactory
     ) -> None:

@@ -51,6 +51,8 @@ async def test_an_outage_fails_publishing_and_stalls_followers_until_it_ends(
             await writer.publish("t/ns/a", b"2")
         with pytest.raises(UnavailableError, match="down"):
             await catch_up_all(reader, None)
+        with pytest.raises(UnavailableError, match="down"):
+            await reader.last_after(None)
         pending = asyncio.ensure_future(take(follower, 1))
         await asyncio.sleep(0)
         assert not pending.done()

@@ -6,14 +6,18 @@ import contextlib
 import logging
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from lbd.adapters.clock import ManualClock
+from lbd.ports.clock import TimeoutScope
 from lbd.tasks import (
     Component,
+    Mailbox,
     Tasks,
+    WakeTimeout,
     cancel_and_wait,
     guard,
     idle_timeout,
@@ -237,13 +241,36 @@ async def test_tasks_outliving_names_what_still_runs_but_the_current_task_and_ex
     assert tasks_outliving() == []
 
 
-async def test_sleep_timeout_cancels_the_body_once_the_clock_passed_its_time() -> None:
+Scope = Callable[[ManualClock, float], contextlib.AbstractAsyncContextManager[TimeoutScope]]
+SCOPES: dict[str, Scope] = {
+    "sleep_timeout": lambda clock, seconds: sleep_timeout(clock.sleep, seconds),
+    "WakeTimeout": lambda clock, seconds: WakeTimeout(clock.wake_after, seconds),
+}
+"""The two timeouts on a clock's time: a timer task that sleeps, and a clock's wake-up future
+(what :meth:`ManualClock.timeout` gives). Each behaves as ``asyncio.timeout`` does."""
+
+
+@pytest.fixture(params=sorted(SCOPES))
+def scope(request: pytest.FixtureRequest) -> Scope:
+    return SCOPES[request.param]
+
+
+async def _never() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+async def test_a_clock_timeout_cancels_the_body_once_the_clock_passed_its_time(
+    scope: Scope,
+) -> None:
     clock = ManualClock()
+    expired: list[bool] = []
 
     async def body() -> None:
-        async with sleep_timeout(clock.sleep, 1.0) as scope:
-            await asyncio.get_running_loop().create_future()  # never done
-        assert scope  # not reached
+        async with scope(clock, 1.0) as timeout:
+            try:
+                await _never()
+            finally:
+                expired.append(timeout.expired())
 
     task = asyncio.create_task(body())
     for _ in range(3):  # the body enters the scope, then its timer starts sleeping
@@ -253,18 +280,20 @@ async def test_sleep_timeout_cancels_the_body_once_the_clock_passed_its_time() -
     await clock.run_for(0.2, step=0.1)
     with pytest.raises(TimeoutError):
         await task
+    assert expired == [True]
+    assert task.cancelling() == 0
 
 
-async def test_sleep_timeout_lets_a_cancellation_from_elsewhere_through() -> None:
+async def test_a_clock_timeout_lets_a_cancellation_from_elsewhere_through(scope: Scope) -> None:
     clock = ManualClock()
     expired: list[bool] = []
 
     async def body() -> None:
-        async with sleep_timeout(clock.sleep, 1.0) as scope:
+        async with scope(clock, 1.0) as timeout:
             try:
-                await asyncio.get_running_loop().create_future()
+                await _never()
             finally:
-                expired.append(scope.expired())
+                expired.append(timeout.expired())
 
     task = asyncio.create_task(body())
     for _ in range(3):  # the body enters the scope, then its timer starts sleeping
@@ -277,13 +306,15 @@ async def test_sleep_timeout_lets_a_cancellation_from_elsewhere_through() -> Non
     assert clock.sleepers == 0  # the timer went with the scope
 
 
-async def test_a_body_that_swallows_the_timeout_leaves_no_cancellation_pending() -> None:
+async def test_a_body_that_swallows_the_timeout_leaves_no_cancellation_pending(
+    scope: Scope,
+) -> None:
     clock = ManualClock()
 
     async def body() -> int:
-        async with sleep_timeout(clock.sleep, 1.0):
+        async with scope(clock, 1.0):
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.get_running_loop().create_future()
+                await _never()
         current = asyncio.current_task()
         assert current is not None
         return current.cancelling()
@@ -293,6 +324,114 @@ async def test_a_body_that_swallows_the_timeout_leaves_no_cancellation_pending()
         await asyncio.sleep(0)
     await clock.run_for(1.1, step=0.5)
     assert await task == 0
+
+
+async def test_a_body_that_fails_otherwise_once_timed_out_leaves_no_cancellation_pending(
+    scope: Scope,
+) -> None:
+    clock = ManualClock()
+
+    async def body() -> None:
+        async with scope(clock, 1.0):
+            try:
+                await _never()
+            finally:
+                raise ValueError("its clean-up failed")
+
+    task = asyncio.create_task(body())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await clock.run_for(1.1, step=0.5)
+    with pytest.raises(ValueError, match="clean-up"):
+        await task
+    assert task.cancelling() == 0
+
+
+async def test_a_clock_timeout_whose_time_runs_out_as_its_body_ends_does_not_cancel_it(
+    scope: Scope,
+) -> None:
+    clock = ManualClock()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def body() -> str:
+        async with scope(clock, 1.0):
+            result = await answer
+        await asyncio.sleep(0)  # a cancellation sent late would land here
+        return result
+
+    task = asyncio.create_task(body())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    answer.set_result("done")  # the body is woken first ...
+    clock.advance(1.0)  # ... and the timer in the same turn, behind it
+    assert await task == "done"
+    assert task.cancelling() == 0
+
+
+async def test_a_held_wake_timeout_expires_once_its_hold_is_over() -> None:
+    clock = ManualClock()
+    resumed = asyncio.Event()
+
+    def hold() -> Awaitable[object] | None:
+        return None if resumed.is_set() else resumed.wait()
+
+    async def body() -> None:
+        async with WakeTimeout(clock.wake_after, 1.0, hold):
+            await _never()
+
+    task = asyncio.create_task(body())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await clock.run_for(5.0, step=0.5)
+    assert not task.done()  # the time ran out while held: nothing happens yet
+    resumed.set()
+    with pytest.raises(TimeoutError):
+        await task
+
+
+async def test_a_wake_timeout_of_no_time_expires_at_the_next_turn() -> None:
+    clock = ManualClock()
+
+    async def body() -> None:
+        async with WakeTimeout(clock.wake_after, 0.0):
+            await _never()
+
+    task = asyncio.create_task(body())
+    for _ in range(4):
+        await asyncio.sleep(0)
+    assert task.done()
+    with pytest.raises(TimeoutError):
+        await task
+
+
+async def test_a_mailbox_hands_its_reader_every_item_in_order() -> None:
+    mailbox: Mailbox[int] = Mailbox()
+    mailbox.put_nowait(1)
+    read: list[int] = []
+
+    async def reader() -> None:
+        while (item := await mailbox.get()) != 0:
+            read.append(item)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    assert read == [1] and mailbox.qsize() == 0  # it waits for more now
+    for item in (2, 3, 0):
+        mailbox.put_nowait(item)
+    await task
+    assert read == [1, 2, 3]
+
+
+async def test_a_mailbox_refuses_a_second_reader_and_keeps_what_a_cancelled_one_left() -> None:
+    mailbox: Mailbox[str] = Mailbox()
+    first = asyncio.create_task(mailbox.get())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="one reader"):
+        await mailbox.get()
+    await cancel_and_wait(first)
+    mailbox.put_nowait("kept")
+    assert mailbox.qsize() == 1
+    assert await mailbox.get() == "kept"
 
 
 async def test_idle_timeout_counts_only_the_time_without_progress() -> None:

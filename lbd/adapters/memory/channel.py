@@ -191,6 +191,18 @@ class MemoryChannelLog:
             self._check_open()
             self._check_available()
 
+    async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        """The last message's position when one lies after ``after`` (see the port)."""
+        self._check_open()
+        self._check_available()
+        log = self._log
+        end = len(log)
+        if log.index_after(after) >= end:
+            return None
+        last = log._message_at(end - 1)
+        assert last is not None  # the log only grows
+        return last.position
+
     async def close(self) -> None:
         """Close this client; its followers end. Idempotent."""
         if not self._closed:

@@ -240,18 +240,16 @@ class ChannelFollower(Component):
     async def barrier(self) -> None:
         """Return once the table covers every message the channel held when this was called.
 
-        A read barrier: it asks the channel for what lies past the table's position, and waits
-        until the follower has applied the last of it. Raises
+        A read barrier: it asks the channel where it ends past the table's position
+        (:meth:`~lbd.ports.channel.ChannelLog.last_after`), and waits until the follower has
+        applied up to there. Raises
         :class:`~lbd.ports.errors.UnavailableError` when the channel cannot be asked; bound it
         with the clock's ``timeout``. When it completes, the feeds of
         :meth:`changes_and_barriers` get its :class:`ReadBarrier` mark.
         """
         self._barriers_begun += 1
         number = self._barriers_begun
-        last: ChannelPosition | None = None
-        async with contextlib.aclosing(self._log.catch_up(self._table.last_position)) as ahead:
-            async for message in ahead:
-                last = message.position
+        last = await self._log.last_after(self._table.last_position)
         if last is not None:
             await self.wait_applied(last)
         mark = ReadBarrier(number)

@@ -42,7 +42,7 @@ from lbd.core.ids import BrokerId, BundleId
 from lbd.core.probes import probe
 from lbd.ports.clock import Clock
 from lbd.services.channel.deadlines import within
-from lbd.tasks import cancel_and_wait, guard
+from lbd.tasks import Mailbox, cancel_and_wait, guard
 
 _log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class _Session:
     open_batch: _OwnBatch | None = None
     """The Own batch still taking bundles (it is sent at the next turn of the event loop)."""
     batches: set[asyncio.Task[None]] = field(default_factory=set)
-    outbox: asyncio.Queue[SidecarMessage | None] = field(default_factory=asyncio.Queue)
+    outbox: Mailbox[SidecarMessage | None] = field(default_factory=Mailbox)
     pending: dict[int, asyncio.Future[CommandAck]] = field(default_factory=dict)
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(COMMANDS_IN_FLIGHT))
     """A command is sent once it holds a slot; asyncio's semaphore serves waiters in order."""
@@ -138,7 +138,8 @@ class BrokerLink:
         whenever it asks and ``vouch()`` says the sidecar can still vouch for its ownership
         (``lease_margin_s`` pads every wait for a granted lease to run out)."""
         self._me = me
-        self._serving_lease_s = serving_lease_s
+        self._serving_lease_ms = round(serving_lease_s * 1000)
+        """What every grant gives, in the protocol's whole milliseconds."""
         self._lease_margin_s = lease_margin_s
         self._vouch = vouch
         self._granted_until: float | None = None
@@ -369,9 +370,9 @@ class BrokerLink:
             self._emit(LinkEvent(LinkEventKind.LAPSED, session.info))
         if self._withheld or self._fenced or not self._vouch():
             return
-        now = self._clock.monotonic()
-        duration_ms = round(self._serving_lease_s * 1000)
-        self._granted_until = now + duration_ms / 1000
+        # Timed as it is answered: the sidecar bounds what it granted by answer time + duration.
+        duration_ms = self._serving_lease_ms
+        self._granted_until = self._clock.monotonic() + duration_ms / 1000
         session.outbox.put_nowait(SidecarMessage(0, ServingLease(request.sequence, duration_ms)))
 
     async def _command(
@@ -477,17 +478,17 @@ class BrokerLink:
     async def _read(self, stream: AsyncIterator[BrokerMessage], session: _Session) -> None:
         try:
             async for message in stream:
-                self.last_heard = self._clock.monotonic()
-                match message:
+                self.last_heard = now = self._clock.monotonic()
+                match message:  # the most frequent first: a request every quarter of a lease
+                    case LeaseRequest():
+                        self._on_lease_request(message, session)
                     case CommandAck():
                         future = session.pending.get(message.command_id)
                         if future is not None and not future.done():
                             future.set_result(message)
                     case LoadReport():
                         self.latest_report = message
-                        self.latest_report_at = self.last_heard
-                    case LeaseRequest():
-                        self._on_lease_request(message, session)
+                        self.latest_report_at = now
                     case Leave():
                         _log.info("broker %s is leaving: %s", self._me, message.reason)
                         self._emit(LinkEvent(LinkEventKind.LEAVING, session.info, message.reason))

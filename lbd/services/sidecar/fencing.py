@@ -44,9 +44,15 @@ from lbd.ports.metadata import MetadataStore, SessionEvent, SessionEventKind
 from lbd.services.channel.follower import ChannelFollower
 from lbd.services.sidecar.broker_link import BrokerLink
 from lbd.services.sidecar.registration import BrokerRegistration
-from lbd.tasks import Component, Tasks, seconds_until
+from lbd.tasks import MIN_WAIT_S, Component, Tasks
 
 _log = logging.getLogger(__name__)
+
+AFTER_LAPSE_S = 1e-6
+"""How long after the instant a ground would lapse its check looks. A barrier due at that same
+instant renews the channel ground (the next one is due there in steady state, half a window
+after the last); looking a microsecond later sees what it did, not which of two callbacks of
+one instant ran first, and saves the check that found the ground renewed a moment later."""
 
 
 def _announced_away(value: ServiceUnitStateData) -> bool:
@@ -149,9 +155,10 @@ class Fence(Component):
         ran out and it forgot everything). Nor may a bundle announced away from it
         (``Releasing(src=me)``) while its Release is not sent yet (it waits behind an Own of
         the same bundle, say): the leader's hand-over wait does not wait for that."""
+        # The channel ground first: it is the cheaper look, and it holds in steady state.
         return (
             not self._fenced
-            and (self._lease_vouches() or self._channel_vouches())
+            and (self._channel_vouches() or self._lease_vouches())
             and self._serves_only_its_own()
         )
 
@@ -171,29 +178,48 @@ class Fence(Component):
             return False
         return True
 
-    def _lease_stale_s(self) -> float:
-        return self._clock.monotonic() - self._metadata.last_renewed_monotonic
+    def _lease_stale_s(self, now: float | None = None) -> float:
+        """How long ago (at ``now``, the clock's time when None) the lease was last renewed."""
+        if now is None:
+            now = self._clock.monotonic()
+        return now - self._metadata.last_renewed_monotonic
 
-    def _lease_vouches(self) -> bool:
+    def _lease_vouches(self, now: float | None = None) -> bool:
+        """Whether the lease ground holds at ``now`` (the clock's time when None)."""
         # Read from the store itself, not from a session event that may not be delivered yet.
-        granted = self._metadata.lease_granted_monotonic
+        metadata = self._metadata
         registered = self._registration.registered_since
         if registered is None:
             return False  # the leader may be handing the broker's bundles over
+        if now is None:
+            now = self._clock.monotonic()
         began = self._barrier_began
-        read_since = began is not None and began >= max(granted, registered)
-        fresh = self._lease_stale_s() < self._fence_after_s
+        read_since = began is not None and began >= max(
+            metadata.lease_granted_monotonic, registered
+        )
+        fresh = self._lease_stale_s(now) < self._fence_after_s
         if fresh and began is not None and not read_since:
             probe("fence.read_since_lease")  # a lease or registration replaced since it read
         return read_since and fresh
 
-    def _channel_vouches(self) -> bool:
+    def _channel_vouches(self, now: float | None = None) -> bool:
+        """Whether the channel ground holds at ``now`` (the clock's time when None)."""
         began = self._barrier_began
-        return began is not None and self._clock.monotonic() - began < self._channel_fence_after_s
+        if began is None:
+            return False
+        if now is None:
+            now = self._clock.monotonic()
+        return now - began < self._channel_fence_after_s
 
     async def check(self) -> bool:
         """Look at both grounds now, fence or unfence; the new state."""
-        lease, channel = self._lease_vouches(), self._channel_vouches()
+        await self._check()
+        return self._fenced
+
+    async def _check(self) -> tuple[float, bool, bool]:
+        """:meth:`check`; the time it looked and the grounds it found then (lease, channel)."""
+        now = self._clock.monotonic()
+        lease, channel = self._lease_vouches(now), self._channel_vouches(now)
         if not (lease or channel) and not self._fenced:
             probe("fence.enter")
             self._set(True)
@@ -227,7 +253,7 @@ class Fence(Component):
                     self._link.me,
                     self._why_not_lease(),
                 )
-        return self._fenced
+        return now, lease, channel
 
     def _why_not_lease(self) -> str:
         """Why the lease ground does not hold now."""
@@ -250,26 +276,26 @@ class Fence(Component):
 
     async def _run(self) -> None:
         while True:
-            await self.check()
-            await self._clock.sleep(self._next_check_s())
+            now, lease, channel = await self._check()
+            await self._clock.sleep(self._next_check_s(now, lease, channel))
 
-    def _next_check_s(self) -> float:
-        """How long until the next check. While fenced, the check interval. While vouching, until
-        the first of the grounds that hold would lapse: no ground can lapse sooner, for lease
-        renewals and barriers only move their ends later, and a new lease (whose grant voids
-        the lease ground until a barrier) runs a check of its own (:meth:`_follow_session`)."""
-        if self._fenced or not self._channel_vouches():
+    def _next_check_s(self, now: float, lease: bool, channel: bool) -> float:
+        """How long after a check at ``now`` that found the grounds ``lease`` and ``channel``
+        until the next one. While fenced, the check interval. While vouching, until the first of
+        the grounds that hold would lapse (:data:`AFTER_LAPSE_S` after): no ground can lapse
+        sooner, for lease renewals and barriers only move their ends later, and a new lease (whose
+        grant voids the lease ground until a barrier) runs a check of its own
+        (:meth:`_follow_session`). The grounds are the
+        check's own: a check that fenced (and waited for the link) is fenced, and waits the
+        interval."""
+        if self._fenced or not channel or self._barrier_began is None:
             # Fenced: look for a ground to unfence. Vouching on the lease alone: a registration
             # rewritten or withdrawn voids the lease ground at once, so keep looking.
             return self._check_interval_s
-        ends = []
-        if self._lease_vouches():
-            ends.append(self._metadata.last_renewed_monotonic + self._fence_after_s)
-        if self._channel_vouches() and self._barrier_began is not None:
-            ends.append(self._barrier_began + self._channel_fence_after_s)
-        if not ends:
-            return self._check_interval_s
-        return seconds_until(self._clock, min(ends))
+        end = self._barrier_began + self._channel_fence_after_s
+        if lease:
+            end = min(end, self._metadata.last_renewed_monotonic + self._fence_after_s)
+        return max(MIN_WAIT_S, end - now) + AFTER_LAPSE_S
 
     async def _run_barriers(self) -> None:
         while True:
@@ -290,9 +316,10 @@ class Fence(Component):
         most half a window and one barrier's time ago: the next one, at most half a window
         later, renews it while a barrier takes under a quarter of the window."""
         relaxed_s = self._channel_fence_after_s / 2
-        if self._fenced or not self._lease_vouches():
+        now = self._clock.monotonic()
+        if self._fenced or not self._lease_vouches(now):
             return self._check_interval_s
-        lease_left_s = self._fence_after_s - self._lease_stale_s()
+        lease_left_s = self._fence_after_s - self._lease_stale_s(now)
         if lease_left_s > self._channel_fence_after_s + relaxed_s:
             return relaxed_s
         return self._check_interval_s

@@ -76,6 +76,10 @@ class SlowChannel:
             async for message in messages:
                 yield message
 
+    async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        await asyncio.sleep(self._catch_up_delay_s)
+        return await self._inner.last_after(after)
+
     async def close(self) -> None:
         await self._inner.close()
 
