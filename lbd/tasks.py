@@ -14,10 +14,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
-import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 if TYPE_CHECKING:
@@ -260,62 +259,13 @@ def tasks_outliving(exclude: Collection[asyncio.Task[Any]] = ()) -> list[str]:
     )
 
 
-class _Expiry:
-    """What a :func:`sleep_timeout` scope yields: whether its time ran out."""
-
-    def __init__(self) -> None:
-        self._expired = False
-
-    def expired(self) -> bool:
-        """Whether the scope's time ran out (its body was cancelled for it)."""
-        return self._expired
-
-
-@contextlib.asynccontextmanager
-async def sleep_timeout(
-    sleep: Callable[[float], Awaitable[None]], seconds: float
-) -> AsyncIterator[_Expiry]:
-    """``asyncio.timeout`` on another clock: cancel the body once ``sleep(seconds)`` returns,
-    and raise :class:`TimeoutError` then.
-
-    The timer is a task that cancels the body's task, so a cancellation from elsewhere is told
-    apart by the task's cancel count, as ``asyncio.timeout`` does.
-    """
-    task = asyncio.current_task()
-    if task is None:
-        raise RuntimeError("sleep_timeout must be used inside a task")
-    cancelling = task.cancelling()
-    expiry = _Expiry()
-
-    async def expire() -> None:
-        await sleep(seconds)
-        expiry._expired = True
-        task.cancel()
-
-    timer = asyncio.ensure_future(expire())
-    try:
-        yield expiry
-    except asyncio.CancelledError as e:
-        if expiry.expired() and task.uncancel() <= cancelling:
-            raise TimeoutError from e
-        raise
-    except BaseException:
-        if expiry.expired():
-            task.uncancel()  # the body failed otherwise once cancelled: the timer's is spent
-        raise
-    else:
-        if expiry.expired():
-            task.uncancel()  # the body swallowed the cancellation the timer sent
-    finally:
-        # A timer whose sleep ended but that has not run yet is cancelled before it cancels.
-        timer.cancel()
-
-
 class WakeTimeout:
-    """:func:`sleep_timeout` for a clock that hands out wake-up futures
-    (:meth:`lbd.adapters.clock.ManualClock.wake_after`): the body is cancelled from the
-    future's done callback, with no timer task. Every deadline of the simulated world is one
-    of these, and a task to make, start and cancel per deadline cost ten times as much.
+    """``asyncio.timeout`` on another clock: the body is cancelled from the done callback of a
+    wake-up future, and the scope raises :class:`TimeoutError` then; a cancellation from
+    elsewhere is told apart by the task's cancel count, as ``asyncio.timeout`` does. A clock
+    that hands out wake-up futures (:meth:`lbd.adapters.clock.ManualClock.wake_after`) needs
+    no timer task: every deadline of the simulated world is one of these, and a task to make,
+    start and cancel per deadline cost ten times as much (:func:`sleep_timeout` makes one).
 
     ``wake(seconds)`` gives the future (done once ``seconds`` of the clock have passed; seconds
     > 0). ``hold()``, when given, is asked as the time runs out: None lets the scope expire now,
@@ -363,6 +313,7 @@ class WakeTimeout:
     def _time_up(self, timer: asyncio.Future[None]) -> None:
         if self._state != self._OPEN or timer.cancelled():
             return  # the scope closed before this callback ran
+        timer.result()  # a wake-up that failed is reported (by the loop), not taken for time up
         pending = self._hold() if self._hold is not None else None
         if pending is None:
             self._expire()
@@ -400,6 +351,12 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def sleep_timeout(sleep: Callable[[float], Awaitable[None]], seconds: float) -> WakeTimeout:
+    """A :class:`WakeTimeout` whose wake-up is a task running ``sleep(seconds)``: a timeout on a
+    clock that can only sleep (or on any wait, as :func:`idle_timeout`'s)."""
+    return WakeTimeout(lambda s: asyncio.ensure_future(sleep(s)), seconds)
+
+
 MIN_WAIT_S = 0.01
 """The shortest wait before a deadline a periodic task computed (:func:`seconds_until`): one
 that ends this instant is looked at at once, yet the task never spins."""
@@ -411,9 +368,7 @@ def seconds_until(clock: Clock, deadline: float) -> float:
     return max(MIN_WAIT_S, deadline - clock.monotonic())
 
 
-def idle_timeout(
-    clock: Clock, seconds: float, progress: Callable[[], object]
-) -> contextlib.AbstractAsyncContextManager[_Expiry]:
+def idle_timeout(clock: Clock, seconds: float, progress: Callable[[], object]) -> WakeTimeout:
     """A scope cancelled once ``seconds`` of ``clock``'s time have passed without ``progress()``
     changing its value (looked at every quarter of ``seconds``, at least once a second); it
     raises :class:`TimeoutError` then. Only idle time counts: a body that keeps moving may take

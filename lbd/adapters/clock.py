@@ -91,25 +91,15 @@ class ManualClock:
     def advance_to_next(self, limit: float | None = None) -> bool:
         """Move time to the earliest pending sleep's deadline (never past ``limit``, when
         given) and wake what ends then; False when nothing sleeps (time stays)."""
-        # One call per instant of a simulated run: next_deadline and advance, inline.
-        sleepers, pop = self._sleepers, heapq.heappop
-        while sleepers and sleepers[0][2].done():  # cancelled while asleep
-            pop(sleepers)
-        if not sleepers:
+        deadline = self.next_deadline()
+        if deadline is None:
             if limit is not None and limit > self.now:
                 self.now = limit
             return False
-        deadline = sleepers[0][0]
         if limit is not None and limit < deadline:
             self.now = max(self.now, limit)
             return True
-        now = self.now
-        now += max(0.0, deadline - now)
-        self.now = now
-        while sleepers and sleepers[0][0] <= now:
-            future = pop(sleepers)[2]
-            if not future.done():
-                future.set_result(None)
+        self.advance(max(0.0, deadline - self.now))
         return True
 
     def advance(self, seconds: float) -> None:

@@ -76,7 +76,7 @@ class HostClock:
         else:
             await self._clock.wake_after(seconds / self._rate)
         gate = self._gate
-        if gate is not None and gate.paused:
+        if gate is not None and gate.paused:  # _hold, inline on the world's hottest path
             await gate.wait()
 
     def timeout(self, seconds: float) -> AbstractAsyncContextManager[TimeoutScope]:

@@ -6,8 +6,9 @@ import contextlib
 import logging
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -26,6 +27,7 @@ from lbd.tasks import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 async def test_a_failing_task_is_reported_and_still_raises_to_whoever_awaits_it() -> None:
@@ -259,6 +261,14 @@ async def _never() -> None:
     await asyncio.get_running_loop().create_future()
 
 
+async def _entered(body: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """``body`` as a task, once it entered its scope and the scope's timer started sleeping."""
+    task = asyncio.create_task(body)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return task
+
+
 async def test_a_clock_timeout_cancels_the_body_once_the_clock_passed_its_time(
     scope: Scope,
 ) -> None:
@@ -272,9 +282,7 @@ async def test_a_clock_timeout_cancels_the_body_once_the_clock_passed_its_time(
             finally:
                 expired.append(timeout.expired())
 
-    task = asyncio.create_task(body())
-    for _ in range(3):  # the body enters the scope, then its timer starts sleeping
-        await asyncio.sleep(0)
+    task = await _entered(body())
     await clock.run_for(0.9, step=0.3)
     assert not task.done()
     await clock.run_for(0.2, step=0.1)
@@ -295,9 +303,7 @@ async def test_a_clock_timeout_lets_a_cancellation_from_elsewhere_through(scope:
             finally:
                 expired.append(timeout.expired())
 
-    task = asyncio.create_task(body())
-    for _ in range(3):  # the body enters the scope, then its timer starts sleeping
-        await asyncio.sleep(0)
+    task = await _entered(body())
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -319,9 +325,7 @@ async def test_a_body_that_swallows_the_timeout_leaves_no_cancellation_pending(
         assert current is not None
         return current.cancelling()
 
-    task = asyncio.create_task(body())
-    for _ in range(3):  # the body enters the scope, then its timer starts sleeping
-        await asyncio.sleep(0)
+    task = await _entered(body())
     await clock.run_for(1.1, step=0.5)
     assert await task == 0
 
@@ -338,9 +342,7 @@ async def test_a_body_that_fails_otherwise_once_timed_out_leaves_no_cancellation
             finally:
                 raise ValueError("its clean-up failed")
 
-    task = asyncio.create_task(body())
-    for _ in range(3):
-        await asyncio.sleep(0)
+    task = await _entered(body())
     await clock.run_for(1.1, step=0.5)
     with pytest.raises(ValueError, match="clean-up"):
         await task
@@ -359,9 +361,7 @@ async def test_a_clock_timeout_whose_time_runs_out_as_its_body_ends_does_not_can
         await asyncio.sleep(0)  # a cancellation sent late would land here
         return result
 
-    task = asyncio.create_task(body())
-    for _ in range(3):
-        await asyncio.sleep(0)
+    task = await _entered(body())
     answer.set_result("done")  # the body is woken first ...
     clock.advance(1.0)  # ... and the timer in the same turn, behind it
     assert await task == "done"
@@ -379,9 +379,7 @@ async def test_a_held_wake_timeout_expires_once_its_hold_is_over() -> None:
         async with WakeTimeout(clock.wake_after, 1.0, hold):
             await _never()
 
-    task = asyncio.create_task(body())
-    for _ in range(3):
-        await asyncio.sleep(0)
+    task = await _entered(body())
     await clock.run_for(5.0, step=0.5)
     assert not task.done()  # the time ran out while held: nothing happens yet
     resumed.set()
@@ -442,9 +440,7 @@ async def test_idle_timeout_counts_only_the_time_without_progress() -> None:
         async with idle_timeout(clock, 1.0, lambda: progress[0]):
             await asyncio.get_running_loop().create_future()  # never done
 
-    task = asyncio.create_task(body())
-    for _ in range(3):
-        await asyncio.sleep(0)
+    task = await _entered(body())
     for _ in range(6):  # 3 s in all, with progress every half second
         await clock.run_for(0.5, step=0.25)
         progress[0] += 1
