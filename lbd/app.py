@@ -287,7 +287,9 @@ class Daemon:
         stack.push_async_callback(pulsar.close)
         ports = SidecarPorts(
             metadata=EtcdMetadataStore(etcd, options, clock),
-            channel=PulsarChannelLog(pulsar, s.pulsar.state_channel_topic),
+            channel=PulsarChannelLog(
+                pulsar, s.pulsar.state_channel_topic, send_timeout_s=s.pulsar.publish_timeout_s
+            ),
             broker_loads=PulsarLoadStore(pulsar, s.pulsar.broker_load_topic, clock),
             top_bundles=PulsarLoadStore(pulsar, s.pulsar.top_bundles_topic, clock),
             checkpoints=EtcdCheckpointStore(etcd, options.prefix),

@@ -223,9 +223,20 @@ class _Pumped:
 class PulsarChannelLog:
     """The state channel on ``topic``, read and written through ``connection``."""
 
-    def __init__(self, connection: PulsarConnection, topic: str) -> None:
+    def __init__(
+        self, connection: PulsarConnection, topic: str, *, send_timeout_s: float | None = None
+    ) -> None:
+        """``send_timeout_s``: how long the client keeps trying to deliver a write before it
+        fails it (the connection's operation timeout when None). Give the deadline its callers
+        wait (``pulsar.publish_timeout_s``): a write they gave up on while Pulsar was away must
+        not land once it returns, long after, where its age makes an assignment look stuck."""
+        if send_timeout_s is not None and send_timeout_s <= 0:
+            raise ValueError(f"send_timeout_s must be > 0 seconds, got {send_timeout_s}")
         self._connection = connection
         self._topic = topic
+        self._send_timeout_s = (
+            connection.operation_timeout_s if send_timeout_s is None else send_timeout_s
+        )
         self._producer: Any = None
         self._producer_lock = asyncio.Lock()
         self._send_slots = asyncio.Semaphore(_MAX_PENDING_SENDS)
@@ -286,7 +297,7 @@ class PulsarChannelLog:
                         self._connection.client.create_producer(
                             self._topic,
                             batching_enabled=False,
-                            send_timeout_millis=round(self._connection.operation_timeout_s * 1000),
+                            send_timeout_millis=round(self._send_timeout_s * 1000),
                             max_pending_messages=_MAX_PENDING_SENDS,
                             block_if_queue_full=False,
                         )

@@ -362,7 +362,8 @@ class PulsarSettings(Section):
     """A state-channel write the channel has not taken within this fails at once as UNAVAILABLE
     (a lookup that needs an assignment, an admin call), instead of waiting out
     operation_timeout_s while Pulsar is down; lookups of owned bundles keep answering from the
-    table. Below assignment.settle_timeout_s."""
+    table. The Pulsar client gives the write up then too, so it does not land once Pulsar
+    returns. Below assignment.settle_timeout_s."""
     operation_timeout_s: Seconds = 30.0
     """Deadline of one Pulsar client operation (the Pulsar client's own default)."""
     channel_batch_max_values: Annotated[int, Field(ge=1, le=MAX_BATCH_ENTRIES)] = 256

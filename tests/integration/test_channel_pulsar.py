@@ -43,10 +43,13 @@ async def pulsar_channels() -> AsyncIterator[ChannelMaker]:
     made: list[tuple[PulsarConnection, PulsarChannelLog]] = []
 
     def make(
-        server: PulsarLiteServer, topic: str, operation_timeout_s: float = OPERATION_TIMEOUT_S
+        server: PulsarLiteServer,
+        topic: str,
+        operation_timeout_s: float = OPERATION_TIMEOUT_S,
+        send_timeout_s: float | None = None,
     ) -> PulsarChannelLog:
         connection = PulsarConnection(server.service_url, operation_timeout_s=operation_timeout_s)
-        channel = PulsarChannelLog(connection, topic)
+        channel = PulsarChannelLog(connection, topic, send_timeout_s=send_timeout_s)
         made.append((connection, channel))
         return channel
 
@@ -83,6 +86,45 @@ async def test_publish_to_a_dead_server_is_unavailable(
     private_pulsar_server.kill()
     with pytest.raises(UnavailableError, match="Pulsar unavailable while publishing t/ns/a"):
         await channel.publish("t/ns/a", b"during")
+
+
+async def test_a_write_given_up_while_the_server_is_down_does_not_land_once_it_returns(
+    private_pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    """The client drops a write at the channel's send timeout, as its caller stops waiting (the
+    proposer's ``pulsar.publish_timeout_s``). Kept for the connection's operation timeout, an
+    Assigning written at the start of a 20 s outage landed once Pulsar returned, 22 s old: the
+    leader judged it stuck and moved the bundle its broker had just begun to serve."""
+    server = private_pulsar_server
+    channel = pulsar_channels(server, pulsar_topic, send_timeout_s=1.0)
+    before = await channel.publish("t/ns/a", b"before")
+    server.kill()
+    with pytest.raises((UnavailableError, TimeoutError)):
+        await asyncio.wait_for(channel.publish("t/ns/a", b"given-up"), 1.5)
+    await asyncio.sleep(1.5)
+    await asyncio.to_thread(server.restart)
+    after = None
+    for attempt in range(40):  # until the client is connected again
+        with contextlib.suppress(UnavailableError, TimeoutError):
+            value = f"after-{attempt}".encode()
+            after = ChannelMessage(
+                await asyncio.wait_for(channel.publish("t/ns/a", value), 1.5), "t/ns/a", value
+            )
+            break
+    assert after is not None, "the channel took no write after the server returned"
+
+    reader = pulsar_channels(server, pulsar_topic)
+    landed: list[ChannelMessage] = []
+    async with contextlib.aclosing(reader.follow(None)) as follower:
+        async with asyncio.timeout(20):
+            async for message in follower:
+                if message not in landed:
+                    landed.append(message)
+                if message.position >= after.position:
+                    break
+    assert landed[0] == ChannelMessage(before, "t/ns/a", b"before")
+    assert landed[-1] == after
+    assert b"given-up" not in [m.value for m in landed]
 
 
 async def _follow_into(channel: PulsarChannelLog, delivered: list[ChannelMessage]) -> None:
