@@ -27,8 +27,9 @@ could lose messages are guarded against:
   readers never see, or ledgers trimmed by retention) and it is accepted.
 
 Bootstrap: pulsar-lite fails ``has_message_available`` on a topic that never had a message, which
-:meth:`PulsarChannelLog.catch_up` needs to find the end of the log. On that failure it writes one
-message with the reserved key :data:`BOOTSTRAP_KEY` (readers skip it) and asks again.
+:meth:`PulsarChannelLog.catch_up` and :meth:`PulsarChannelLog.last_after` need to find the end of
+the log. On that failure it writes one message with the reserved key :data:`BOOTSTRAP_KEY`
+(readers skip it) and asks again.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ _WATCH_INTERVAL_S: Final = 0.1
 """How often a waiting follower checks that its reader is still connected."""
 _PUMP_QUEUE: Final = 1000
 """Messages a follower's reader reads ahead of the follower at most."""
+_END_READ_TIMEOUT_S: Final = 2.0
+"""How long a read barrier waits for a message the broker says the topic has past its reader."""
 _RETRY_MIN_S: Final = 0.1
 _RETRY_MAX_S: Final = 0.5
 """Readers are replaced at most this long apart while Pulsar is away: the follower (and with it
@@ -197,6 +200,29 @@ def _skips(last: ChannelPosition | None, position: ChannelPosition) -> bool:
     return position.entry_id > last.entry_id + 1
 
 
+class _End:
+    """The reader :meth:`PulsarChannelLog.last_after` keeps open between read barriers: it reads
+    each message of the log once, so finding the end again costs one question (is there more?),
+    not a reader made and closed per barrier: a subscription on the broker each time."""
+
+    def __init__(self, reader: Any, start: ChannelPosition | None) -> None:
+        self.reader = reader
+        self.start = start
+        """It has read (or will read) everything after this."""
+        self.cursor = _Cursor(start)
+        self.last_delivered: ChannelPosition | None = None
+        """The last position it delivered past :attr:`start`; None: none yet."""
+
+    def covers(self, after: ChannelPosition | None) -> bool:
+        """Whether it reads everything after ``after``: it started there or before."""
+        return self.start is None or (after is not None and after >= self.start)
+
+    def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
+        """The last position it delivered after ``after`` (which it covers)."""
+        last = self.last_delivered
+        return last if last is not None and (after is None or last > after) else None
+
+
 class _Pumped:
     """A reader whose messages one task reads ahead into a bounded queue, in order.
 
@@ -241,6 +267,8 @@ class PulsarChannelLog:
         self._producer_lock = asyncio.Lock()
         self._send_slots = asyncio.Semaphore(_MAX_PENDING_SENDS)
         self._readers: set[Any] = set()
+        self._end: _End | None = None
+        self._end_lock = asyncio.Lock()
         self._inflight: set[asyncio.Future[Any]] = set()
         self._closing: set[asyncio.Future[None]] = set()
         self._closed = asyncio.Event()
@@ -428,14 +456,76 @@ class PulsarChannelLog:
                 await self._discard_reader(reader)
 
     async def last_after(self, after: ChannelPosition | None) -> ChannelPosition | None:
-        """The last position :meth:`catch_up` delivers after ``after`` (see the port): read to
-        the end with a reader of its own, as catch-up does, skipping what the log wrote for
-        itself and what it delivered twice."""
-        last: ChannelPosition | None = None
-        async with contextlib.aclosing(self.catch_up(after)) as ahead:
-            async for message in ahead:
-                last = message.position
-        return last
+        """The last position :meth:`catch_up` delivers after ``after`` (see the port).
+
+        One reader stays open from call to call (:class:`_End`) and reads to the end each time,
+        filtered as catch-up is (what the log wrote for itself, what it delivered twice): a read
+        barrier on a quiet channel is one question to the broker. It is made again for an
+        ``after`` before its start (a follower that went back to re-read), when it was seen
+        disconnected (a resumed reader may have been put past what came meanwhile), and after a
+        failure or a cancellation (a read it abandoned takes a message with it)."""
+        async with self._end_lock:
+            end = self._end
+            if end is not None and not (end.covers(after) and end.reader.is_connected()):
+                self._forget_end()
+                end = None
+            try:
+                if end is None:
+                    end = await self._open_end(after)
+                await self._read_to_end(end)
+            except BaseException:
+                self._forget_end()
+                raise
+            return end.last_after(after)
+
+    async def _open_end(self, after: ChannelPosition | None) -> _End:
+        """A new :class:`_End` starting after ``after``; on a topic never written, after the
+        bootstrap marker is (pulsar-lite cannot tell the end of an empty topic)."""
+        end = self._end = _End(await self._open_reader(after), after)
+        try:
+            await self._has_message_available(end.reader)
+        except UnavailableError as e:
+            if not is_unknown_error(e.__cause__ or e):
+                raise
+            self._forget_end()
+            await self._bootstrap()
+            end = self._end = _End(await self._open_reader(after), after)
+        return end
+
+    async def _read_to_end(self, end: _End) -> None:
+        """Read what ``end``'s reader has not read yet, up to the end of the log now.
+
+        A message the broker says is there but that does not come within
+        :data:`_END_READ_TIMEOUT_S` means a reader the client resumed past it (pulsar-lite puts a
+        resumed reader where the topic then ends): it is replaced once, starting after the last
+        position it delivered."""
+        timed_out = False
+        while await self._has_message_available(end.reader):
+            try:
+                message = await self._read_once(end.reader, _END_READ_TIMEOUT_S)
+                admitted = end.cursor.admit(message)
+            except (_ReReadError, UnavailableError) as e:
+                if isinstance(e, UnavailableError):
+                    if timed_out:
+                        raise
+                    timed_out = True
+                _log.info("channel %s: reading to its end again: %s", self._topic, e)
+                reader, end.reader = end.reader, None
+                await self._discard_reader(reader)
+                end.reader = await self._open_reader(end.cursor.last)
+                continue
+            if admitted:
+                end.last_delivered = admitted[-1].position
+
+    def _forget_end(self) -> None:
+        """Drop the reader of :meth:`last_after`; it closes in the background, reaped at close."""
+        end, self._end = self._end, None
+        if end is None or end.reader is None or end.reader not in self._readers:
+            return
+        self._readers.discard(end.reader)
+        closing = asyncio.ensure_future(close_quietly(end.reader, f"a reader of {self._topic}"))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     async def _bootstrap(self) -> None:
         position = await self._send(BOOTSTRAP_KEY, b"")
@@ -448,9 +538,14 @@ class PulsarChannelLog:
             raise unavailable(f"looking for the end of {self._topic}", e) from e
         return available
 
-    async def _read_once(self, reader: Any) -> Any:
+    async def _read_once(self, reader: Any, timeout_s: float | None = None) -> Any:
+        """The reader's next message, within ``timeout_s`` (the operation timeout when None, or
+        when that is shorter)."""
+        limit = self._connection.operation_timeout_s
+        if timeout_s is not None:
+            limit = min(limit, timeout_s)
         try:
-            async with asyncio.timeout(self._connection.operation_timeout_s):
+            async with asyncio.timeout(limit):
                 return await self._cancel_on_close(reader.read_next())
         except (*PULSAR_ERRORS, TimeoutError) as e:
             raise unavailable(f"reading {self._topic}", e) from e
@@ -504,6 +599,7 @@ class PulsarChannelLog:
         for future in list(self._inflight):
             future.cancel()
         readers, self._readers = list(self._readers), set()
+        self._end = None
         producer, self._producer = self._producer, None
         for reader in readers:
             await close_quietly(reader, f"a reader of {self._topic}")

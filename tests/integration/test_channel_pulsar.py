@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pulsar
 import pulsar.asyncio
@@ -125,6 +126,77 @@ async def test_a_write_given_up_while_the_server_is_down_does_not_land_once_it_r
     assert landed[0] == ChannelMessage(before, "t/ns/a", b"before")
     assert landed[-1] == after
     assert b"given-up" not in [m.value for m in landed]
+
+
+def _count_readers(channel: PulsarChannelLog) -> list[ChannelPosition | None]:
+    """Where each reader ``channel`` makes from now on starts (a list that grows)."""
+    made: list[ChannelPosition | None] = []
+    open_reader = channel._open_reader
+
+    async def counted(after: ChannelPosition | None) -> Any:
+        made.append(after)
+        return await open_reader(after)
+
+    channel._open_reader = counted  # type: ignore[method-assign]
+    return made
+
+
+async def test_read_barriers_ask_one_kept_reader_for_the_end(
+    pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    """A read barrier on a quiet channel used to make and close a reader (a subscription on the
+    broker) every half channel window on every sidecar; the reader is now kept and asked what is
+    new, and it still sees every message, batches and the log's own marker as catch-up does."""
+    writer = pulsar_channels(pulsar_server, pulsar_topic)
+    barrier = pulsar_channels(pulsar_server, pulsar_topic)
+    made = _count_readers(barrier)
+
+    assert await barrier.last_after(None) is None  # the marker that finds an empty log's end
+    first = await writer.publish("t/ns/a", b"1")
+    assert await barrier.last_after(None) == first
+    batch = await writer.publish_batch([("t/ns/b", b"2"), ("t/ns/c", b"3")])
+    assert await barrier.last_after(first) == batch[-1]
+    for _ in range(20):
+        assert await barrier.last_after(batch[-1]) is None
+    last = await writer.publish("t/ns/d", b"4")
+    assert await barrier.last_after(batch[0]) == last
+    assert await barrier.last_after(None) == last
+    assert made == [None, None]  # before the marker and after it; then kept
+
+    # Asked about an earlier start than its reader's, it reads from there with a new one.
+    late = pulsar_channels(pulsar_server, pulsar_topic)
+    made = _count_readers(late)
+    assert await late.last_after(last) is None
+    assert await late.last_after(first) == last
+    assert made == [last, first]
+
+
+async def test_a_read_barrier_finds_the_end_again_after_the_server_restarts(
+    private_pulsar_server: PulsarLiteServer, pulsar_topic: str, pulsar_channels: ChannelMaker
+) -> None:
+    server = private_pulsar_server
+    writer = pulsar_channels(server, pulsar_topic)
+    barrier = pulsar_channels(server, pulsar_topic, operation_timeout_s=2.0)
+    first = await writer.publish("t/ns/a", b"1")
+    assert await barrier.last_after(None) == first
+
+    server.kill()
+    with pytest.raises(UnavailableError):
+        await barrier.last_after(first)
+    await asyncio.to_thread(server.restart)
+    last = None
+    for _ in range(40):  # until the writer's client is connected again
+        with contextlib.suppress(UnavailableError):
+            last = await writer.publish("t/ns/b", b"2")
+            break
+    assert last is not None, "the channel took no write after the server returned"
+    for _ in range(40):  # until the barrier's client is connected again
+        with contextlib.suppress(UnavailableError):
+            assert await barrier.last_after(first) == last
+            break
+    else:
+        raise AssertionError("no read barrier completed after the server returned")
+    assert await barrier.last_after(last) is None
 
 
 async def _follow_into(channel: PulsarChannelLog, delivered: list[ChannelMessage]) -> None:
