@@ -17,6 +17,12 @@ each link's mode (:func:`set_links`, ``lbd dev link``):
 - ``flaky``: the link passes for ``period_s``, then stalls for ``period_s``, and so on: the
   reads of a lossy link, whose lost segments stall the stream until they are sent again.
 
+A Pulsar client follows a topic lookup to the broker's own address, which would take its producers
+and readers around the proxy it looked the topic up through: a link to a Pulsar server
+(``pulsar``) rewrites the server's lookup answers to ``proxy_through_service_url``, as a Pulsar
+proxy sets it, so the client opens its topic connections through the link too (plaintext only: a
+TLS stream passes unread).
+
 Why proxies rather than network namespaces with veth pairs: a proxy needs no privilege (CI
 machines and containers often lack ``CAP_NET_ADMIN``), cuts exactly one process's link to one
 server while the others keep theirs, and leaves every address on loopback. What it cannot do is
@@ -32,19 +38,24 @@ import contextlib
 import json
 import logging
 import socket
+import struct
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from google.protobuf.message import DecodeError
+
 from lbd.core.errors import InvalidInputError, LbdError
 from lbd.devcluster.ports import LOOPBACK
+from lbd.front import wire
 
 Mode = Literal["up", "cut", "slow", "flaky"]
 MODES: tuple[Mode, ...] = ("up", "cut", "slow", "flaky")
 CHUNK = 65536
 RESET_POLL_S = 0.1
+_U32 = struct.Struct(">I")
 HOLD = 4 * 1024 * 1024
 """The most a link holds per direction of a connection while it is down (a TCP window's worth:
 past it, the sender blocks)."""
@@ -61,6 +72,9 @@ class LinkSpec:
     listen_port: int
     target: str
     """host:port of the server."""
+    pulsar: bool = False
+    """The server speaks Pulsar's protocol: its lookup answers send clients through the link
+    (:class:`LookupsThroughLink`)."""
 
     @property
     def addr(self) -> str:
@@ -68,13 +82,68 @@ class LinkSpec:
         return f"{LOOPBACK}:{self.listen_port}"
 
     def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "listen_port": self.listen_port, "target": self.target}
+        return {
+            "name": self.name,
+            "listen_port": self.listen_port,
+            "target": self.target,
+            "pulsar": self.pulsar,
+        }
 
 
 def proxied_url(url: str, link: LinkSpec) -> str:
     """``url`` (``scheme://host:port``) with its address replaced by the link's."""
     scheme, sep, _ = url.partition("://")
     return f"{scheme}{sep}{link.addr}" if sep else link.addr
+
+
+class LookupsThroughLink:
+    """Rewrites a Pulsar server's byte stream so that its lookup answers tell the client to
+    connect through the service URL it looked up through (``proxy_through_service_url``): the
+    link. Every other frame passes as it came; a frame not whole yet waits for its rest."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.rewritten = 0
+        """How many lookup answers it rewrote."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole frames ``data`` completes, lookup answers rewritten."""
+        buffer = self._buffer
+        buffer += data
+        out: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= 4:
+            (total,) = _U32.unpack_from(buffer, start)
+            if len(buffer) - start - 4 < total:
+                break
+            out.append(self._through_link(bytes(buffer[start : start + 4 + total])))
+            start += 4 + total
+        del buffer[:start]
+        return b"".join(out)
+
+    def rest(self) -> bytes:
+        """What is left of a frame cut off by the end of the stream."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+    def _through_link(self, frame: bytes) -> bytes:
+        if len(frame) < 8:
+            return frame
+        (size,) = _U32.unpack_from(frame, 4)
+        try:
+            command = wire.Command.FromString(frame[8 : 8 + size])
+        except DecodeError:
+            return frame  # not ours to judge: the client will
+        if command.type != wire.Type.LOOKUP_RESPONSE:
+            return frame
+        answer = command.lookupTopicResponse
+        if answer.proxy_through_service_url or answer.response == answer.Failed:
+            return frame
+        answer.proxy_through_service_url = True
+        self.rewritten += 1
+        rest = frame[8 + size :]
+        return wire.encode(command, rest or None)
 
 
 class _Link:
@@ -142,9 +211,10 @@ class _Link:
             except OSError:
                 return  # the server is down: the client sees its connection closed
             try:
+                lookups = LookupsThroughLink() if self.spec.pulsar else None
                 pumps = [
                     asyncio.ensure_future(self._pump(client_r, client_w, server_w)),
-                    asyncio.ensure_future(self._pump(server_r, server_w, client_w)),
+                    asyncio.ensure_future(self._pump(server_r, server_w, client_w, lookups)),
                 ]
                 # Either side closing ends the connection (the protocols here do not half-close).
                 _, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
@@ -158,7 +228,11 @@ class _Link:
             client_w.close()
 
     async def _pump(
-        self, src: asyncio.StreamReader, src_w: asyncio.StreamWriter, dst: asyncio.StreamWriter
+        self,
+        src: asyncio.StreamReader,
+        src_w: asyncio.StreamWriter,
+        dst: asyncio.StreamWriter,
+        lookups: LookupsThroughLink | None = None,
     ) -> None:
         eof = False
         with contextlib.suppress(OSError):
@@ -173,6 +247,8 @@ class _Link:
                         _abort(dst)
                         return
                     data, eof = held
+                if lookups is not None:
+                    data = lookups.feed(data) + (lookups.rest() if eof else b"")
                 dst.write(data)
                 await dst.drain()
                 self.bytes += len(data)
@@ -344,7 +420,10 @@ def write_specs(path: Path, specs: Iterable[LinkSpec]) -> None:
 
 def read_specs(path: Path) -> list[LinkSpec]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    return [LinkSpec(str(d["name"]), int(d["listen_port"]), str(d["target"])) for d in data]
+    return [
+        LinkSpec(str(d["name"]), int(d["listen_port"]), str(d["target"]), bool(d.get("pulsar")))
+        for d in data
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

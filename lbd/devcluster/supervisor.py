@@ -438,7 +438,10 @@ def _links(
         if storage is not None:
             targets[f"{broker_id}/storage"] = _host_port(storage.service_url)
     ports = iter(free_ports(len(targets) + 1))
-    specs = [LinkSpec(name, next(ports), target) for name, target in targets.items()]
+    specs = [
+        LinkSpec(name, next(ports), target, pulsar=name.endswith(("/channel", "/storage")))
+        for name, target in targets.items()
+    ]
     return LinksProcess(workdir, specs, next(ports))
 
 

@@ -5,6 +5,7 @@ delays, a flaky one stalls every other period; bad requests are refused by name.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
 import struct
@@ -15,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from lbd.adapters.pulsar_channel import PulsarChannelLog
+from lbd.adapters.pulsar_client import PulsarConnection
 from lbd.core.errors import InvalidInputError
+from lbd.devcluster import PulsarLiteServer
 from lbd.devcluster.links import LinkSpec, link_status, proxied_url, set_links
 from lbd.devcluster.ports import LOOPBACK, free_ports
 from lbd.devcluster.processes import LinksProcess
+from lbd.ports.errors import UnavailableError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -168,3 +173,44 @@ def test_a_proxied_url_keeps_its_scheme(tmp_path: Path) -> None:
     spec = LinkSpec("b/etcd", 4321, "127.0.0.1:2379")
     assert proxied_url("https://127.0.0.1:2379", spec) == f"https://{LOOPBACK}:4321"
     assert proxied_url("127.0.0.1:2379", spec) == f"{LOOPBACK}:4321"
+
+
+async def test_a_cut_pulsar_link_cuts_the_clients_topic_connections_too(
+    private_pulsar_server: PulsarLiteServer, pulsar_topic: str, tmp_path: Path
+) -> None:
+    """A Pulsar client follows a lookup to the broker's own address; without the link's
+    rewritten lookup answers its producer and reader went around the proxy, and a sidecar "cut
+    from the channel" still wrote and read it."""
+    server = private_pulsar_server
+    port, control = free_ports(2)
+    target = server.service_url.rpartition("//")[2]
+    process = LinksProcess(
+        tmp_path, [LinkSpec("host-1/channel", port, target, pulsar=True)], control
+    )
+    process.start()
+    connection = PulsarConnection(
+        proxied_url(server.service_url, process.specs["host-1/channel"]), operation_timeout_s=3.0
+    )
+    channel = PulsarChannelLog(connection, pulsar_topic, send_timeout_s=1.0)
+    try:
+        first = await channel.publish("t/ns/a", b"1")
+        assert await channel.last_after(None) == first
+
+        set_links(process.control_addr, ["host-1/channel"], "cut")
+        with pytest.raises(UnavailableError):
+            await channel.publish("t/ns/a", b"2")
+        with pytest.raises(UnavailableError):
+            await channel.last_after(first)
+
+        set_links(process.control_addr, ["host-1/channel"], "up")
+        for _ in range(40):  # until the client is connected again
+            with contextlib.suppress(UnavailableError):
+                last = await channel.publish("t/ns/a", b"3")
+                break
+        else:
+            raise AssertionError("the channel took no write after the link returned")
+        assert await channel.last_after(first) == last
+    finally:
+        await channel.close()
+        await connection.close()
+        process.close()
