@@ -104,6 +104,11 @@ class BrokerHandler(abc.ABC):
     def lease_granted(self, valid_until: float) -> None:  # noqa: B027 -- optional hook
         """A grant extended the lease until ``valid_until`` (``time.monotonic()`` seconds)."""
 
+    def revoked(self, bundle: BundleId, command: str) -> None:  # noqa: B027 -- optional hook
+        """A ``command`` (``release`` or ``close``) of ``bundle``, which the broker owned, has
+        arrived: the bundle is not servable from now on, while the command waits its turn for
+        :meth:`release` or :meth:`close`. Called on the event loop; must not block."""
+
 
 class BrokerClient:
     """Holds a broker's session with its sidecar, reconnecting with a capped backoff.
@@ -342,7 +347,9 @@ class BrokerClient:
         on this): the commands before it in the queue may take a while."""
         with contextlib.suppress(InvalidInputError):  # refused when it is carried out
             bundle = parse_bundle_id(text).id
-            self._owned.discard(bundle)
+            if bundle in self._owned:
+                self._owned.discard(bundle)
+                self._handler.revoked(bundle, str(command.WhichOneof("kind")))
             self._revoked[bundle] = command.command_id
 
     def _granted(

@@ -6,9 +6,11 @@ with ``time.monotonic_ns()``, the same clock for every process on a host, so the
 brokers merge into one timeline.
 
 Events: ``own``, ``release`` and ``close`` (the broker was told to serve ``bundle``, or stopped),
-``session`` (``detail`` ``open`` or ``lost``, ``bundle`` null), ``lease`` (a grant: the lease is
-valid until ``until_ns``; ``bundle`` null). A broker serves a bundle from its ``own`` until the
-earlier of its ``release`` or ``close`` and the end of its lease. A broker that stores messages
+``revoked`` (a Release or Close of an owned ``bundle`` arrived, ``command`` naming which: it stopped
+serving the bundle then, before the command's turn to be carried out came), ``session``
+(``detail`` ``open`` or ``lost``, ``bundle`` null), ``lease`` (a grant: the lease is valid until
+``until_ns``; ``bundle`` null). A broker serves a bundle from its ``own`` until the earliest of
+its ``revoked``, ``release`` or ``close`` and the end of its lease. A broker that stores messages
 adds ``write`` events (see :class:`RecordingHandler`'s users); readers skip events they do not
 know.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from lbd.broker.client import BrokerHandler
+from lbd.core.ids import BundleId
 
 
 class EventLog:
@@ -76,3 +79,7 @@ class RecordingHandler(BrokerHandler):
     def lease_granted(self, valid_until: float) -> None:
         """Logged as ``lease`` with ``until_ns`` on the events' clock."""
         self.record("lease", None, until_ns=str(round(valid_until * 1e9)))
+
+    def revoked(self, bundle: BundleId, command: str) -> None:
+        """Logged as ``revoked``, with the ``command`` that arrived."""
+        self.record("revoked", str(bundle), command=command)

@@ -3,11 +3,13 @@
 The record that the chaos tests and the outage benchmark judge a run by (``tests/chaos``,
 ``bench/outage_bench.py``).
 
-A broker serves a bundle from its ``own`` event until the earliest of: its ``release`` or
-``close`` of the bundle, the end of its session (``session`` ``lost``), its death (the test's kill
-time), and the end of its serving lease. The lease is what bounds a broker that writes nothing
-(a paused process logs nothing while paused): each ``lease`` event says the lease is valid until
-``until_ns``, and a broker with no valid lease serves nothing, whatever it was told to own.
+A broker serves a bundle from its ``own`` event until the earliest of: the arrival of its
+Release or Close (``revoked``: it stops serving then, though the command waits its turn), its
+``release`` or ``close`` of the bundle, the end of its session (``session`` ``lost``), its death
+(the test's kill time), and the end of its serving lease. The lease is what bounds a broker that
+writes nothing (a paused process logs nothing while paused): each ``lease`` event says the lease
+is valid until ``until_ns``, and a broker with no valid lease serves nothing, whatever it was told
+to own.
 
 :func:`dual_serving` reports every overlap of two brokers' intervals on one bundle, however
 short; :func:`serving_without_ownership` is for a table to compare with.
@@ -91,7 +93,7 @@ def _incarnation(broker: str, log: list[Event], death: int) -> list[Interval]:
         t, bundle = int(e["t_ns"]), e["bundle"]  # type: ignore[call-overload]
         if e["event"] == "own" and isinstance(bundle, str):
             since.setdefault(bundle, t)
-        elif e["event"] in ("release", "close") and isinstance(bundle, str):
+        elif e["event"] in ("revoked", "release", "close") and isinstance(bundle, str):
             if bundle in since:
                 assigned.append((bundle, since.pop(bundle), t))
         elif e["event"] == "session" and e.get("detail") == "lost":

@@ -28,6 +28,25 @@ def test_a_planted_one_millisecond_overlap_is_found() -> None:
     assert problems == [f"{B}: a and b both served it for 1.000 ms"]
 
 
+def test_a_broker_stops_serving_when_a_release_arrives_not_when_its_turn_comes() -> None:
+    # a's Release arrived at 5 s and waited behind a slower command until 9 s; b owns at 6 s.
+    events = [
+        lease(0, "a", 10_000),
+        ev(1, "a", "own"),
+        ev(5_000, "a", "revoked", command="release"),
+        ev(9_000, "a", "release"),
+        lease(0, "b", 10_000),
+        ev(6_000, "b", "own"),
+    ]
+    intervals = serving_intervals(events, {})
+    assert Interval(B, 1 * MS, 5_000 * MS, "a") in intervals
+    assert dual_serving(intervals) == []
+    without_arrival = [e for e in events if e["event"] != "revoked"]
+    assert dual_serving(serving_intervals(without_arrival, {})) == [
+        f"{B}: a and b both served it for 3000.000 ms"
+    ]
+
+
 def test_a_hand_over_with_no_gap_is_no_overlap() -> None:
     events = [
         lease(0, "a", 10_000),

@@ -394,7 +394,7 @@ async def test_a_transfer_fences_then_sends_clients_to_the_new_owner_once_it_own
     timeline = sorted(
         (int(str(e["t_ns"])), e["event"]) for e in events if e.get("bundle") == bundle
     )
-    assert [event for _, event in timeline][:3] == ["own", "write", "release"]
+    assert [event for _, event in timeline][:4] == ["own", "write", "revoked", "release"]
 
 
 async def test_a_send_between_a_release_arriving_and_its_turn_waits_for_the_handover(
@@ -431,6 +431,10 @@ async def test_a_send_between_a_release_arriving_and_its_turn_waits_for_the_hand
         )
         ack = asyncio.ensure_future(rig.command(release=release))
         await until(lambda: not rig.front.client.may_serve(bundle))
+        # The log says so too, before the Release's turn comes: it judges the hand-over by it.
+        served = [i for i in serving_intervals(rig.logged(), {}) if i.bundle == bundle]
+        assert len(served) == 1 and served[0].end <= time.monotonic_ns()  # not its lease's end
+        assert "release" not in [e["event"] for e in rig.logged() if e.get("bundle") == bundle]
         client.send_message(b"queued")
         with pytest.raises(TimeoutError):
             await client.expect_any((Type.SEND_RECEIPT, Type.CLOSE_PRODUCER), timeout_s=0.3)
