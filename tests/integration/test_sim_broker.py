@@ -144,11 +144,14 @@ async def test_own_release_and_close_are_acked_served_and_logged_in_order(
         ("session", None),
         ("own", BUNDLE),
         ("own", OTHER),
+        ("revoked", BUNDLE),  # on arrival, then carried out
         ("release", BUNDLE),
+        ("revoked", OTHER),
         ("close", OTHER),
     ]
-    assert events[3]["new_owner"] == "broker-2"
-    assert events[4]["reason"] == "split"
+    assert [events[3]["command"], events[5]["command"]] == ["release", "close"]
+    assert events[4]["new_owner"] == "broker-2"
+    assert events[6]["reason"] == "split"
     stamps = [e["t_ns"] for e in events]
     assert stamps == sorted(stamps)
 
