@@ -1,8 +1,8 @@
 """``python -m bench [--quick] [--only SUITE | --figures]``: run the benchmarks, print their tables.
 
-Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates on a
-pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an etcd and a
-pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
+Suites: ``core`` (the pure core's hot paths), ``channel`` (publish and catch-up rates and read
+barriers on a pulsar-lite it starts itself), ``startup`` (checkpoint + tail vs full replay, on an
+etcd and a pulsar-lite it starts itself), ``sidecar`` (lookup and assignment latency, failover after
 kill -9, on a dev cluster it starts itself), ``outages`` (etcd paused, etcd and pulsar-lite killed
 and restarted: what closed or moved, and the recovery time, on a dev cluster it starts itself),
 ``sim`` (seeds per second of the deterministic simulation), ``security`` (owned Lookups through

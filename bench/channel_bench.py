@@ -1,7 +1,11 @@
-"""Benchmark of the state channel on pulsar-lite: publish rates and follower catch-up.
+"""Benchmark of the state channel on pulsar-lite: publish rates, follower catch-up and read
+barriers.
 
-``python -m bench.channel_bench [--messages N] [--concurrency C]`` starts a pulsar-lite of its own
-(or uses ``--service-url``) and prints one table.
+``python -m bench.channel_bench [--messages N] [--concurrency C] [--barriers B]`` starts a
+pulsar-lite of its own (or uses ``--service-url``) and prints one table. A read barrier on the
+quiet channel is timed two ways in the same run: as the sidecar asks it
+(``PulsarChannelLog.last_after``, a reader kept from barrier to barrier), and with a reader made
+and closed for each (a catch-up from the same position, as a barrier used to).
 """
 
 from __future__ import annotations
@@ -33,15 +37,17 @@ def run(
     sequential: int = 2_000,
     messages: int = 100_000,
     concurrency: int = 64,
+    barriers: int = 300,
 ) -> dict[str, float]:
     """Measure the channel; rates in messages per second.
 
     ``sequential`` publishes awaited one by one; ``messages`` published by ``concurrency``
     concurrent publishers on one producer; then a new follower reads all ``messages`` from the
-    start, and a catch-up reads them to the end of the log.
+    start, and a catch-up reads them to the end of the log; then ``barriers`` read barriers each
+    way (see the module docstring), in milliseconds.
     """
     with _server(service_url) as url:
-        return asyncio.run(_measure(url, sequential, messages, concurrency))
+        return asyncio.run(_measure(url, sequential, messages, concurrency, barriers))
 
 
 @contextlib.contextmanager
@@ -53,7 +59,9 @@ def _server(service_url: str | None) -> Iterator[str]:
         yield server.service_url
 
 
-async def _measure(url: str, sequential: int, messages: int, concurrency: int) -> dict[str, float]:
+async def _measure(
+    url: str, sequential: int, messages: int, concurrency: int, barriers: int
+) -> dict[str, float]:
     topic = f"persistent://public/default/lbd-bench-{uuid.uuid4().hex}"
     connection = PulsarConnection(url, operation_timeout_s=30)
     channel = PulsarChannelLog(connection, topic)
@@ -89,6 +97,17 @@ async def _measure(url: str, sequential: int, messages: int, concurrency: int) -
             async with contextlib.aclosing(reader.catch_up(None)) as messages_now:
                 caught_up = sum([1 async for _ in messages_now])
             catch_up_s = time.perf_counter() - start
+
+            end = await reader.last_after(None)
+            start = time.perf_counter()
+            for _ in range(barriers):
+                assert await reader.last_after(end) is None
+            kept_s = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(barriers):
+                async with contextlib.aclosing(reader.catch_up(end)) as nothing:
+                    assert [m async for m in nothing] == []
+            fresh_s = time.perf_counter() - start
         finally:
             await reader.close()
     finally:
@@ -103,6 +122,8 @@ async def _measure(url: str, sequential: int, messages: int, concurrency: int) -
         "follow_messages": float(total),
         "catch_up_per_s": caught_up / catch_up_s,
         "catch_up_messages": float(caught_up),
+        "read_barrier_kept_reader_ms": 1000 * kept_s / barriers,
+        "read_barrier_new_reader_ms": 1000 * fresh_s / barriers,
     }
 
 
@@ -113,6 +134,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=2_000)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--barriers", type=int, default=300)
     args = parser.parse_args()
     console = Console()
     with console.status("benchmarking the channel..."):
@@ -121,6 +143,7 @@ def main() -> None:
             sequential=args.sequential,
             messages=args.messages,
             concurrency=args.concurrency,
+            barriers=args.barriers,
         )
     console.print(measurements_table("state channel on Pulsar", result))
 
