@@ -311,8 +311,12 @@ class PulsarChannelLog:
             if self._producer is not producer:
                 return
             self._producer = None
-        # Closing waits for the broker, which may be gone: in the background, reaped at close.
-        closing = asyncio.ensure_future(close_quietly(producer, f"the producer of {self._topic}"))
+        self._close_in_background(producer, f"the producer of {self._topic}")
+
+    def _close_in_background(self, closeable: Any, what: str) -> None:
+        """Close a producer or reader without waiting: closing waits for the broker, which may
+        be gone. Reaped at :meth:`close`."""
+        closing = asyncio.ensure_future(close_quietly(closeable, what))
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
@@ -426,18 +430,8 @@ class PulsarChannelLog:
     async def catch_up(self, after: ChannelPosition | None) -> AsyncGenerator[ChannelMessage, None]:
         """Every message after ``after`` up to the end of the log now, then end (see the port)."""
         cursor = _Cursor(after)
-        reader = await self._open_reader(after)
+        reader, more = await self._reader_finding_the_end(after)
         try:
-            try:
-                more = await self._has_message_available(reader)
-            except UnavailableError as e:
-                if not is_unknown_error(e.__cause__ or e):
-                    raise
-                await self._discard_reader(reader)
-                reader = None
-                await self._bootstrap()
-                reader = await self._open_reader(after)
-                more = await self._has_message_available(reader)
             while more:
                 message = await self._read_once(reader)
                 try:
@@ -479,18 +473,30 @@ class PulsarChannelLog:
             return end.last_after(after)
 
     async def _open_end(self, after: ChannelPosition | None) -> _End:
-        """A new :class:`_End` starting after ``after``; on a topic never written, after the
-        bootstrap marker is (pulsar-lite cannot tell the end of an empty topic)."""
-        end = self._end = _End(await self._open_reader(after), after)
-        try:
-            await self._has_message_available(end.reader)
-        except UnavailableError as e:
-            if not is_unknown_error(e.__cause__ or e):
-                raise
-            self._forget_end()
-            await self._bootstrap()
-            end = self._end = _End(await self._open_reader(after), after)
+        """A new :class:`_End` starting after ``after``."""
+        reader, _ = await self._reader_finding_the_end(after)
+        end = self._end = _End(reader, after)
         return end
+
+    async def _reader_finding_the_end(self, after: ChannelPosition | None) -> tuple[Any, bool]:
+        """A reader starting after ``after``, and whether the log has more past it. On a topic
+        never written, pulsar-lite cannot tell its end: the bootstrap marker is written first
+        and a new reader asks again. A reader that fails is discarded; the caller discards the
+        one returned."""
+        reader = await self._open_reader(after)
+        try:
+            try:
+                return reader, await self._has_message_available(reader)
+            except UnavailableError as e:
+                if not is_unknown_error(e.__cause__ or e):
+                    raise
+            await self._discard_reader(reader)
+            await self._bootstrap()
+            reader = await self._open_reader(after)
+            return reader, await self._has_message_available(reader)
+        except BaseException:
+            await self._discard_reader(reader)  # a reader discarded already is left alone
+            raise
 
     async def _read_to_end(self, end: _End) -> None:
         """Read what ``end``'s reader has not read yet, up to the end of the log now.
@@ -523,9 +529,7 @@ class PulsarChannelLog:
         if end is None or end.reader is None or end.reader not in self._readers:
             return
         self._readers.discard(end.reader)
-        closing = asyncio.ensure_future(close_quietly(end.reader, f"a reader of {self._topic}"))
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
+        self._close_in_background(end.reader, f"a reader of {self._topic}")
 
     async def _bootstrap(self) -> None:
         position = await self._send(BOOTSTRAP_KEY, b"")

@@ -103,8 +103,6 @@ class LookupsThroughLink:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self.rewritten = 0
-        """How many lookup answers it rewrote."""
 
     def feed(self, data: bytes) -> bytes:
         """The whole frames ``data`` completes, lookup answers rewritten."""
@@ -141,7 +139,6 @@ class LookupsThroughLink:
         if answer.proxy_through_service_url or answer.response == answer.Failed:
             return frame
         answer.proxy_through_service_url = True
-        self.rewritten += 1
         rest = frame[8 + size :]
         return wire.encode(command, rest or None)
 
