@@ -25,7 +25,9 @@ import argparse
 import functools
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import Progress
@@ -37,13 +39,18 @@ from lbd.core.shedding import STRATEGIES
 from lbd.workload.generator import (
     DISTRIBUTION_COLUMNS,
     PLANNER,
+    SPIKE_AT,
+    SPIKE_COLUMNS,
+    SPIKE_LENGTHS,
     Judged,
     distribution,
     evaluate,
     generate,
     judge_all,
+    judge_spikes,
     misses,
     shrink,
+    spike_table,
 )
 from lbd.workload.scenarios import SCENARIOS
 from lbd.workload.suite import SUITE_TARGET_STD, markdown, run_suite, suite_config, table
@@ -91,6 +98,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="K",
         help="shrink the first K clusters on which cluster_planner misses its goals",
     )
+    p.add_argument(
+        "--spikes",
+        action="store_true",
+        help="with --generated: spike each cluster at rest instead (one namespace's traffic "
+        "multiplied for 1, 2 and 3 cycles) and count the moves each strategy makes on it",
+    )
     p.set_defaults(func=run)
 
 
@@ -104,9 +117,13 @@ def run(args: argparse.Namespace) -> int:
     if args.generated < 0 or args.jobs < 0 or args.shrink < 0:
         raise InvalidInputError("--generated, --jobs and --shrink must be >= 0")
     if args.generated:
+        if args.spikes:
+            if args.shrink:
+                raise InvalidInputError("--shrink does not go with --spikes")
+            return _spikes(args, strategies, config)
         return _generated(args, strategies, config)
-    if args.shrink or args.jobs:
-        raise InvalidInputError("--jobs and --shrink go with --generated")
+    if args.shrink or args.jobs or args.spikes:
+        raise InvalidInputError("--jobs, --shrink and --spikes go with --generated")
     scenarios = args.scenario or list(SCENARIOS)
     console = Console()
     with console.status(f"{len(scenarios)} scenario(s) x {len(strategies)} strategies..."):
@@ -118,44 +135,76 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+T = TypeVar("T")
 _SPAWN = multiprocessing.get_context("spawn")
 """Workers are spawned, not forked: the progress display runs a thread."""
 
 
-def _generated(args: argparse.Namespace, strategies: list[str], config: SheddingConfig) -> int:
-    """The strategies on ``--generated`` clusters: the distribution table, then the misses."""
+def _over_seeds(
+    args: argparse.Namespace, work: Callable[[int], list[T]], what: str
+) -> tuple[range, list[T]]:
+    """``work`` over the ``--generated`` seeds in a process pool, with a progress bar."""
     if args.scenario:
         raise InvalidInputError("--scenario does not go with --generated")
     seeds = range(args.seed, args.seed + args.generated)
-    console = Console(stderr=True)
-    judged: list[Judged] = []
-    work = functools.partial(judge_all, strategies=strategies, config=config)
+    done: list[T] = []
     with (
         ProcessPoolExecutor(args.jobs or os.cpu_count() or 1, mp_context=_SPAWN) as pool,
-        Progress(console=console, transient=True) as progress,
+        Progress(console=Console(stderr=True), transient=True) as progress,
     ):
-        task = progress.add_task(f"{len(seeds)} generated clusters", total=len(seeds))
+        task = progress.add_task(f"{len(seeds)} {what}", total=len(seeds))
         for one in pool.map(work, seeds, chunksize=4):
-            judged.extend(one)
+            done.extend(one)
             progress.advance(task)
-    rows = distribution(judged, strategies)
-    title = (
-        f"{len(seeds)} generated clusters, seeds {seeds[0]}..{seeds[-1]} "
-        f"(target std {config.target_std:g}, or what the cluster can reach)"
-    )
+    return seeds, done
+
+
+def _print_table(
+    args: argparse.Namespace, title: str, columns: Sequence[str], rows: list[tuple[str, ...]]
+) -> None:
     if args.markdown:
         print(f"{title}\n")
-        print("| " + " | ".join(DISTRIBUTION_COLUMNS) + " |")
-        print("|---|" + "---:|" * (len(DISTRIBUTION_COLUMNS) - 1))
+        print("| " + " | ".join(columns) + " |")
+        print("|---|" + "---:|" * (len(columns) - 1))
         for row in rows:
             print("| " + " | ".join(row) + " |")
     else:
         table = Table(title=title)
-        for i, column in enumerate(DISTRIBUTION_COLUMNS):
+        for i, column in enumerate(columns):
             table.add_column(column, justify="left" if i == 0 else "right")
         for row in rows:
             table.add_row(*row)
         Console().print(table)
+
+
+def _spikes(args: argparse.Namespace, strategies: list[str], config: SheddingConfig) -> int:
+    """The strategies on ``--generated`` clusters at rest, spiked: the moves each made."""
+    work = functools.partial(judge_spikes, strategies=strategies, config=config)
+    seeds, spikes = _over_seeds(args, work, "generated clusters, spiked")
+    title = (
+        f"{len(seeds)} generated clusters, seeds {seeds[0]}..{seeds[-1]}, placed evenly and "
+        f"spiked after {SPIKE_AT} cycles (target std {config.target_std:g}, hit count "
+        f"{config.hit_count_threshold}): clusters on which a spike made the strategy move"
+    )
+    _print_table(args, title, SPIKE_COLUMNS, spike_table(spikes, strategies))
+    moved = [s for s in spikes if s.at_rest and any(m > 0 for m in s.moves)]
+    for s in moved:
+        counts = ", ".join(
+            f"{m} on {n} cycle(s)" for n, m in zip(SPIKE_LENGTHS, s.moves, strict=True) if m > 0
+        )
+        print(f"  seed {s.seed}: {s.strategy} moved {counts} ({s.spike})")
+    return 0
+
+
+def _generated(args: argparse.Namespace, strategies: list[str], config: SheddingConfig) -> int:
+    """The strategies on ``--generated`` clusters: the distribution table, then the misses."""
+    work = functools.partial(judge_all, strategies=strategies, config=config)
+    seeds, judged = _over_seeds(args, work, "generated clusters")
+    title = (
+        f"{len(seeds)} generated clusters, seeds {seeds[0]}..{seeds[-1]} "
+        f"(target std {config.target_std:g}, or what the cluster can reach)"
+    )
+    _print_table(args, title, DISTRIBUTION_COLUMNS, distribution(judged, strategies))
     by_seed: dict[int, list[Judged]] = {}
     for j in judged:
         by_seed.setdefault(j.seed, []).append(j)

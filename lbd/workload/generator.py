@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from lbd.core.assign import BrokerCandidate, PlacementRules
-from lbd.core.bundles import NamespaceBundles
+from lbd.core.bundles import NamespaceBundles, parse_bundle_id
 from lbd.core.ids import BrokerId, BundleId
 from lbd.core.names import NamespaceName
 from lbd.core.namespace import IsolationPolicy, NamespacePolicies
@@ -512,3 +512,109 @@ def distribution(judged: Sequence[Judged], strategies: Sequence[str]) -> list[tu
 
 def _cycles(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:g}"
+
+
+# -- spikes ------------------------------------------------------------------------------------
+
+SPIKE_AT = 20
+"""Cycles of rest before the spike: the evenly placed cluster's EMAs settle in far fewer."""
+SPIKE_AFTER = 12
+"""Cycles after the spike in which a strategy may still act on it."""
+SPIKE_LENGTHS = (1, 2, 3)
+"""Spikes of one to three cycles: Pulsar's hit count (3 by default) waits out three."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spiked:
+    """One strategy on one generated cluster at rest, spiked."""
+
+    seed: int
+    strategy: str
+    spike: str
+    """The namespace and its factor, as the disturbances are named."""
+    at_rest: bool
+    """The cluster, evenly placed and left alone, is under its target (or what it can reach, as
+    the disturbances are judged) and moves nothing in the cycles the spikes are judged on: a
+    move then is the spike's doing."""
+    moves: tuple[int, ...]
+    """Per length of :data:`SPIKE_LENGTHS`: the moves from the spike on, less those the same
+    strategy makes in the same cycles without it."""
+
+
+def spiked(
+    generated: Generated, length: int | None
+) -> tuple[BalanceScenario, NamespaceName, float]:
+    """``generated``'s cluster placed evenly and left alone for :data:`SPIKE_AT` cycles, then
+    one namespace's traffic multiplied for ``length`` cycles (None: no spike, the cluster at
+    rest throughout); the namespace and the factor, drawn from the cluster's seed."""
+    scenario = generated.scenario
+    rng = random.Random(f"spike-{generated.seed}")
+    placement = _place(
+        "balanced", scenario.traffic, scenario.brokers, rng, PlacementRules(scenario.policies)
+    )
+    namespaces = sorted({parse_bundle_id(b).namespace for b in scenario.traffic})
+    namespace = rng.choice(namespaces)
+    factor = rng.choice((2.0, 4.0, 8.0))
+    events: tuple[Event, ...] = ()
+    if length is not None:
+        events = (
+            Event(at=SPIKE_AT, traffic={namespace: factor}, disturbs=False),
+            Event(at=SPIKE_AT + length, traffic={namespace: 1 / factor}, disturbs=False),
+        )
+    at_rest = replace(
+        scenario,
+        name=f"{scenario.name}, spiked",
+        placement=placement,
+        events=events,
+        disturbed_at_start=False,
+        cycles=SPIKE_AT + max(SPIKE_LENGTHS) + SPIKE_AFTER,
+    )
+    return at_rest, namespace, factor
+
+
+def judge_spikes(seed: int, strategies: Sequence[str], config: SheddingConfig) -> list[Spiked]:
+    """Every strategy on the cluster of ``seed`` at rest and under spikes of each length (one
+    unit of work for a process pool)."""
+    generated = generate(seed, config.target_std)
+    quiet, namespace, factor = spiked(generated, None)
+    rules = PlacementRules(quiet.policies)
+    target = _target(quiet.traffic, {}, quiet.brokers, config.target_std, rules)
+    out: list[Spiked] = []
+    for strategy in strategies:
+        sim = BalanceSim(quiet, strategy, config, seed=seed)
+        cycles = [sim.cycle(c) for c in range(quiet.cycles)]
+        rest = cycles[SPIKE_AT - 1].std <= target and not any(
+            c.moved or c.placed for c in cycles[SPIKE_AT:]
+        )
+        base = sum(len(c.moved) for c in cycles[SPIKE_AT:])
+        moves = []
+        for length in SPIKE_LENGTHS:
+            scenario = spiked(generated, length)[0]
+            sim = BalanceSim(scenario, strategy, config, seed=seed)
+            made = [len(sim.cycle(c).moved) for c in range(scenario.cycles)]
+            moves.append(sum(made[SPIKE_AT:]) - base)
+        out.append(Spiked(seed, strategy, f"{namespace} x{factor:g}", rest, tuple(moves)))
+    return out
+
+
+SPIKE_COLUMNS = (
+    "strategy",
+    "clusters at rest",
+    *(f"moved on a {n}-cycle spike" for n in SPIKE_LENGTHS),
+)
+
+
+def spike_table(spikes: Sequence[Spiked], strategies: Sequence[str]) -> list[tuple[str, ...]]:
+    """One row per strategy over the clusters at rest: on how many a spike of each length made
+    it move, and how many bundles in all."""
+    rows: list[tuple[str, ...]] = []
+    for strategy in strategies:
+        mine = [s for s in spikes if s.strategy == strategy and s.at_rest]
+        if not any(s.strategy == strategy for s in spikes):
+            continue
+        cells = []
+        for i in range(len(SPIKE_LENGTHS)):
+            moved = [s.moves[i] for s in mine if s.moves[i] > 0]
+            cells.append(f"{len(moved)} ({sum(moved)} bundles)")
+        rows.append((strategy, str(len(mine)), *cells))
+    return rows

@@ -106,8 +106,9 @@ def test_plan_then_execute_then_cancel_leaves_the_in_flight_move_done(cluster: C
     # may have had its governor slot and not be in flight yet (one move at a time: at most one).
     started = sum(1 for m in cancelled.moves if m.state != lbd_pb2.MOVE_STATE_PENDING)
     assert states.count(lbd_pb2.MOVE_STATE_DONE) <= started + 1, (cancelled, ended)
+    # Every other move is cancelled (none, when the plan has no move past those: a plan of two
+    # whose second had started, or had its slot, when the cancel came).
     assert states.count(lbd_pb2.MOVE_STATE_CANCELLED) >= len(states) - started - 1, ended
-    assert lbd_pb2.MOVE_STATE_CANCELLED in states, ended
     owners = cluster.owners(TRAFFIC_NAMESPACE)
     for move in ended.moves:
         expected = move.dst_broker_id if move.state == lbd_pb2.MOVE_STATE_DONE else hot

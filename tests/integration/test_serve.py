@@ -233,7 +233,10 @@ def test_serve_against_an_unreachable_pulsar_exits_soon_with_one_line(
     )
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr
-    assert took < 10, f"took {took:.1f}s"
+    # Soon: well inside the Pulsar operation timeout (30 s) a client still retrying would wait
+    # out. The rest is the interpreter's start and lbd's imports, which a busy machine stretches
+    # to several seconds.
+    assert took < 20, f"took {took:.1f}s"
     ours = [line for line in done.stderr.splitlines() if line.startswith("lbd: error:")]
     assert len(ours) == 1 and "reading the state channel from Pulsar" in ours[0], done.stderr
     assert "Traceback" not in done.stderr

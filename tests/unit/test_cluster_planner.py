@@ -83,9 +83,14 @@ def cluster(
 
 
 def shed(
-    snapshot: LoadSnapshot, config: SheddingConfig = CONFIG, state: ShedderState | None = None
+    snapshot: LoadSnapshot,
+    config: SheddingConfig = CONFIG,
+    state: ShedderState | None = None,
+    now_ms: int = NOW,
 ) -> tuple[list[tuple[BundleId, str, str | None]], SkipReason | None, ShedderState]:
-    result, next_state = plan_shed(snapshot, config, state or ShedderState(), NOW, random.Random(1))
+    result, next_state = plan_shed(
+        snapshot, config, state or ShedderState(), now_ms, random.Random(1)
+    )
     moves = [(d.bundle, d.src, d.dst) for d in result.decisions]
     return moves, result.skip_reason, next_state
 
@@ -95,13 +100,22 @@ def test_a_balanced_cluster_moves_nothing() -> None:
     assert moves == [] and skip is SkipReason.HIT_COUNT and state.hit_count == 0
 
 
-def spike() -> LoadSnapshot:
-    """Two brokers whose EMAs are level (60 MB/s at 60%) while the latest raw samples are not:
-    a's traffic jumped to 100 MB/s, b's fell to 20 MB/s."""
-    raw = {"a": [25, 25, 25, 25], "b": [5, 5, 5, 5]}
+CYCLE_MS = 60_000
+
+
+def spike(
+    at: Mapping[str, int] | None = None, b_raw: float = 20, emas: tuple[float, float] = (0.6, 0.6)
+) -> LoadSnapshot:
+    """Two brokers whose EMAs are level (60 MB/s at 60%, unless ``emas`` says otherwise) while
+    the latest raw samples are not: a's traffic jumped to 100 MB/s, b's fell to ``b_raw``.
+    ``at``: when each broker reported (NOW by default)."""
+    raw = {"a": [12.5] * 8, "b": [b_raw / 4] * 4}
     snapshot = cluster(raw)
     brokers = {
-        BrokerId(name): data(0.6, 60 * MB, raw_tput=sum(sizes) * MB) for name, sizes in raw.items()
+        BrokerId(name): data(
+            ema, ema * 100 * MB, at=(at or {}).get(name, NOW), raw_tput=sum(sizes) * MB
+        )
+        for (name, sizes), ema in zip(raw.items(), emas, strict=True)
     }
     return LoadSnapshot(brokers=brokers, top_bundles=snapshot.top_bundles)
 
@@ -109,11 +123,57 @@ def spike() -> LoadSnapshot:
 def test_a_spike_waits_out_the_hit_count_then_moves() -> None:
     config = SheddingConfig(target_std=0.1, hit_count_threshold=2)
     state = ShedderState()
-    for expected_hits in (1, 2):
-        moves, skip, state = shed(spike(), config, state)
+    for cycle, expected_hits in ((0, 1), (1, 2)):
+        now = NOW + cycle * CYCLE_MS
+        moves, skip, state = shed(spike({"a": now, "b": now}), config, state, now)
         assert (moves, skip, state.hit_count) == ([], SkipReason.HIT_COUNT, expected_hits)
-    moves, skip, state = shed(spike(), config, state)
+    now = NOW + 2 * CYCLE_MS
+    moves, skip, state = shed(spike({"a": now, "b": now}), config, state, now)
     assert skip is None and moves and all(src == "a" and dst == "b" for _, src, dst in moves)
+
+
+def test_a_sample_not_renewed_counts_once_toward_the_hit_count() -> None:
+    """a reported the spike once and has not reported since (it reports every few cycles); b
+    reports every cycle and shows nothing. The hit count runs out on a's one sample: that is no
+    proof of a lasting change, and nothing moves until a reports it again."""
+    config = SheddingConfig(target_std=0.1, hit_count_threshold=1)
+    state = ShedderState()
+    for cycle in range(4):
+        now = NOW + cycle * CYCLE_MS
+        result, state = plan_shed(
+            spike({"a": NOW, "b": now}, b_raw=60), config, state, now, random.Random(1)
+        )
+        assert result.skip_reason is SkipReason.HIT_COUNT and state.hit_count == cycle + 1
+    assert any("only in samples already counted" in note for note in result.notes)
+    now = NOW + 4 * CYCLE_MS  # a reports again: the spike has lasted
+    moves, skip, state = shed(spike({"a": now, "b": now}, b_raw=60), config, state, now)
+    assert skip is None and moves and all(src == "a" and dst == "b" for _, src, dst in moves)
+
+
+def test_a_spike_that_carries_the_emas_over_the_target_still_waits_out_the_hit_count() -> None:
+    """The cluster sits just under its target (EMAs 0.69 and 0.50: std 0.095); a spike on a
+    moves its EMA by a tenth of the jump, to 0.72, and the EMAs' std over the target. What the
+    EMAs showed before the spike began is what a spike cannot have made: it waits."""
+    config = SheddingConfig(target_std=0.1, hit_count_threshold=3)
+    calm = spike(b_raw=50, emas=(0.69, 0.5))
+    calm = replace(
+        calm,
+        brokers={
+            BrokerId("a"): data(0.69, 69 * MB, raw_tput=69 * MB),
+            BrokerId("b"): data(0.5, 50 * MB, raw_tput=50 * MB),
+        },
+    )
+    moves, skip, state = shed(calm, config)
+    assert (moves, skip, state.hit_count) == ([], SkipReason.HIT_COUNT, 0)
+    now = NOW + CYCLE_MS
+    spiked = spike({"a": now, "b": now}, b_raw=50, emas=(0.72, 0.5))
+    assert mean_and_std([0.72, 0.5])[1] > config.target_std
+    result, state = plan_shed(spiked, config, state, now, random.Random(1))
+    assert result.skip_reason is SkipReason.HIT_COUNT and state.hit_count == 1
+    assert not any(note.startswith("lasting") for note in result.notes)
+    # Without a calm cycle to go by (the leader's first look), the same EMAs are proof at once.
+    first, _ = plan_shed(spiked, config, ShedderState(), now, random.Random(1))
+    assert first.skip_reason is None and first.decisions
 
 
 def test_an_imbalance_the_ema_shows_too_has_lasted_and_moves_at_once() -> None:

@@ -218,6 +218,10 @@ class ShedderState:
     bundles (cluster_planner: what a bundle that changed owner brought)."""
     seen_at_ms: int = 0
     """When the previous cycle ran (cluster_planner; 0: none yet)."""
+    calm: Mapping[BrokerId, float] = field(default_factory=dict)
+    """Each broker's EMA load at the latest cycle in which the shedding condition did not hold
+    (cluster_planner: what the EMAs showed before the imbalance under way began, which a spike
+    under way has not moved; empty: no such cycle yet)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,11 +32,14 @@ The plan:
   is overloaded (at or over ``overloaded_threshold`` and over avg + target), or underloaded (under
   ``min(0.5, target_std / 2)`` of the average: nearly empty, e.g. new). A spike must move nothing,
   so the first two must have *lasted*: held more than ``hit_count_threshold`` cycles in a row, as
-  in Pulsar, or shown in what a spike cannot move (:func:`witnessed`: the brokers' EMAs, and the
-  estimate of any broker whose bundles changed owner since the previous cycle). So an imbalance
-  the EMAs already show (the leader's first look at a skewed cluster) or one made by placement
-  (a broker left and lookups placed its bundles) is acted on at once, and a change of traffic
-  waits out the hit count. An underloaded broker is filled at once, since no spike empties a
+  in Pulsar, with the imbalance still in what the reports since the previous cycle say
+  (:func:`heard`: a broker that reports every few cycles shows one sample for several, and it
+  counts once); or shown in what a spike cannot move (:func:`witnessed`: the brokers' EMAs as
+  they stood before the imbalance under way began, which a spike under way has not moved, and
+  the estimate of any broker whose bundles changed owner since the previous cycle). So an
+  imbalance the EMAs already show (the leader's first look at a skewed cluster) or one made by
+  placement (a broker left and lookups placed its bundles) is acted on at once, and a change of
+  traffic waits out the hit count. An underloaded broker is filled at once, since no spike empties a
   broker. When isolation policies keep the spread from reaching the target (a namespace isolated
   on a few brokers carrying little), the target is the least spread they leave reachable
   (:func:`reachable_spread`), and the cycle's notes say so: a spread the rules make is not chased.
@@ -363,6 +366,7 @@ def plan_shed(
     rng: random.Random,
 ) -> tuple[SheddingResult, ShedderState]:
     """Run one cluster_planner cycle; return its result and the state for the next cycle."""
+    previous_ms = state.seen_at_ms
     memory = max(PING_PONG_WINDOW_MS, config.load_data_ttl_s * 1000)
     kept = tuple(m for m in state.moves if now_ms - m.at_ms <= memory)
     kept += changes_of_owner(snapshot, state, kept)
@@ -409,16 +413,32 @@ def plan_shed(
     # No spike empties a broker: an underloaded one is filled at once, and the spread it makes
     # is lasting too. What a spike cannot do either (:func:`witnessed`) has lasted.
     underloaded = bool(plan.underloaded())
-    shown = persistent and _uneven(witnessed(usable.loads, est, before, owned), config, goal)
-    lasting = state.balancing or underloaded or hit_count > config.hit_count_threshold or shown
-    if persistent and not lasting:
+    seen = witnessed(usable.loads, est, before, owned, state.calm)
+    shown = persistent and _uneven(seen, config, goal)
+    counted = hit_count > config.hit_count_threshold
+    # A sample counts once: a broker that has not reported since the previous cycle shows the
+    # sample it showed then, and a spike it caught would otherwise count again cycle after cycle.
+    stale = (
+        persistent
+        and counted
+        and not _uneven(heard(usable.loads, est, previous_ms, state.calm), config, goal)
+    )
+    lasting = state.balancing or underloaded or (counted and not stale) or shown
+    if persistent and stale and not (state.balancing or underloaded or shown):
+        notes.append(
+            f"waiting: the imbalance has lasted {hit_count} cycles only in samples already "
+            f"counted (brokers that have not reported since the previous cycle)"
+        )
+    elif persistent and not lasting:
         notes.append(
             f"waiting: the imbalance shows in the latest samples only (a change of traffic, or "
             f"a spike), {hit_count} of the {config.hit_count_threshold + 1} cycles in a row "
             f"the hit count asks"
         )
-    elif persistent and shown and hit_count <= config.hit_count_threshold:
+    elif persistent and shown and not counted:
         notes.append("lasting: the EMAs, or brokers whose bundles changed owner, show it too")
+    if not persistent:
+        state = replace(state, calm={b: d.weighted_max_ema for b, d in usable.loads.items()})
     if not underloaded and not (persistent and lasting):
         return skip(SkipReason.HIT_COUNT, hit_count)
     # The whole cluster is balanced only when its spread is over target; an overloaded broker
@@ -485,16 +505,42 @@ def witnessed(
     est: Estimate,
     before: Mapping[BrokerId, int],
     now: Mapping[BrokerId, int],
+    calm: Mapping[BrokerId, float],
 ) -> dict[BrokerId, float]:
-    """Each broker's load as far as a spike cannot have made it: its EMA, which weighs the last
-    ten reports or so and which a spike barely moves; but its estimate when the bundles it holds
-    changed since the previous cycle (a lookup placed some there, a broker joined or left, the
-    planner moved some), since a change of owner is not a spike. ``before`` and ``now`` count
-    each broker's bundles in the previous cycle and this one (empty before: the first cycle)."""
+    """Each broker's load as far as a spike cannot have made it: its EMA as it stood before the
+    imbalance under way began (``calm``: :attr:`ShedderState.calm`), or its EMA now when there is
+    none (the first cycles, a broker new since). An EMA weighs the last ten reports or so, but a
+    spike of several times a namespace's traffic still moves it by a tenth of the jump a report,
+    enough to carry a cluster just under its target over it. A broker whose bundles changed
+    since the previous cycle (a lookup placed some there, a broker joined or left, the planner
+    moved some) counts with its estimate, since a change of owner is not a spike. ``before`` and
+    ``now`` count each broker's bundles in the previous cycle and this one (empty before: the
+    first cycle)."""
     out: dict[BrokerId, float] = {}
     for broker, data in loads.items():
         changed = bool(before) and before.get(broker) != now.get(broker)
-        out[broker] = est.loads[broker] if changed else data.weighted_max_ema
+        out[broker] = est.loads[broker] if changed else calm.get(broker, data.weighted_max_ema)
+    return out
+
+
+def heard(
+    loads: Mapping[BrokerId, BrokerLoadData],
+    est: Estimate,
+    since_ms: int,
+    calm: Mapping[BrokerId, float],
+) -> dict[BrokerId, float]:
+    """Each broker's load as the reports since ``since_ms`` (the previous cycle; 0: none) tell
+    it: its estimate when it has reported since; else what it showed before the imbalance under
+    way began (``calm``), since its latest sample, spike or not, has been counted already, and
+    so has what that sample added to its EMA; its estimate without that sample when there is no
+    such cycle (its EMA, moved by what the planner's memory adds)."""
+    out: dict[BrokerId, float] = {}
+    for broker, data in loads.items():
+        load = est.loads[broker]
+        if since_ms and data.updated_at_ms <= since_ms:
+            lag = current_throughput(data) - data.msg_throughput_ema
+            load = calm.get(broker, max(0.0, load - est.per_byte[broker] * lag))
+        out[broker] = load
     return out
 
 
