@@ -16,7 +16,10 @@ clusters brought under target, and within three cycles of each disturbance, the 
 and final std at the 50th, 90th and 99th percentile. Then the clusters on which cluster_planner
 misses its goals (under target within three cycles, never more moves than transfer_shedder,
 never a ping-pong), each with its seed and, with ``--shrink``, the fewest disturbances that still
-show the miss.
+show the miss. With ``--spikes`` as well, each generated cluster is placed evenly and left to
+rest, then one namespace's traffic is multiplied for one, two and three cycles: a spike, which
+no strategy should answer with a move (Pulsar's hit count of 3 waits out three cycles); the
+table counts, per strategy, the clusters at rest on which a spike of each length made it move.
 """
 
 from __future__ import annotations

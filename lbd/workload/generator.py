@@ -392,14 +392,14 @@ def shrink(generated: Generated, fails: Callable[[Generated], bool]) -> Generate
     while changed:
         changed = False
         for index in range(len(best.scenario.events)):
-            fewer = _without(best, index)
+            fewer = without(best, index)
             if fewer is not None and fails(fewer):
                 best, changed = fewer, True
                 break
     return best
 
 
-def _without(generated: Generated, index: int) -> Generated | None:
+def without(generated: Generated, index: int) -> Generated | None:
     """``generated`` without its ``index``-th event (and the return of a restart it starts)."""
     scenario = generated.scenario
     events = list(scenario.events)

@@ -26,6 +26,7 @@ from lbd.workload.generator import (
     shrink,
     spike_table,
     spiked,
+    without,
 )
 from lbd.workload.suite import suite_config
 
@@ -94,21 +95,30 @@ PINNED = {  # found before the clusters had placement rules: judged as drawn the
     (25, 0.25): "the same on 129 brokers (46 moves against 12)",
     (65, 0.10): "a skew the EMAs showed waited out the hit count; EMA-only brokers (4 cycles)",
     (10, 0.10): "three source brokers a cycle on 70 brokers (7 cycles)",
-    (14, 0.10): "three source brokers a cycle on 21 brokers (4 cycles)",
+    (14, 0.10): "three source brokers a cycle on 21 brokers (4 cycles): its join alone",
     (57, 0.10): "orphans placed on EMA-only brokers went unseen after a leave (16 cycles)",
     (61, 0.10): "the same with every broker reporting only its EMAs (never under target)",
     (71, 0.10): "the same on 76 brokers, 36 of them EMA-only (never under target)",
 }
 
 
+# Of these, the disturbances that are a change of traffic, left out: since a spike's EMAs no
+# longer count as proof (docs/balancing.md, "Spikes"), every strategy waits out the hit count on
+# them and is first back under target in the fourth cycle.
+TRAFFIC_LEFT_OUT = {(14, 0.10): 0}
+
+
 @pytest.mark.parametrize(("seed", "target"), sorted(PINNED))
 def test_a_pinned_cluster_meets_the_planner_s_goals(seed: int, target: float) -> None:
-    judged = judge_all(
-        seed,
-        ["cluster_planner", "transfer_shedder"],
-        replace(CONFIG, target_std=target),
-        rules=False,
-    )
+    config = replace(CONFIG, target_std=target)
+    generated = generate(seed, target, rules=False)
+    if (seed, target) in TRAFFIC_LEFT_OUT:
+        index = TRAFFIC_LEFT_OUT[seed, target]
+        assert generated.scenario.events[index].traffic
+        fewer = without(generated, index)
+        assert fewer is not None
+        generated = fewer
+    judged = [evaluate(generated, s, config) for s in ("cluster_planner", "transfer_shedder")]
     assert misses(judged) == [], PINNED[seed, target]
 
 
