@@ -541,12 +541,9 @@ class Spiked:
     strategy makes in the same cycles without it."""
 
 
-def spiked(
-    generated: Generated, length: int | None
-) -> tuple[BalanceScenario, NamespaceName, float]:
-    """``generated``'s cluster placed evenly and left alone for :data:`SPIKE_AT` cycles, then
-    one namespace's traffic multiplied for ``length`` cycles (None: no spike, the cluster at
-    rest throughout); the namespace and the factor, drawn from the cluster's seed."""
+def at_rest(generated: Generated) -> tuple[BalanceScenario, NamespaceName, float]:
+    """``generated``'s cluster placed evenly and left alone (no disturbance), and the namespace
+    and factor of its spike, drawn from the cluster's seed (:func:`spiked`)."""
     scenario = generated.scenario
     rng = random.Random(f"spike-{generated.seed}")
     placement = _place(
@@ -555,30 +552,39 @@ def spiked(
     namespaces = sorted({parse_bundle_id(b).namespace for b in scenario.traffic})
     namespace = rng.choice(namespaces)
     factor = rng.choice((2.0, 4.0, 8.0))
-    events: tuple[Event, ...] = ()
-    if length is not None:
-        events = (
-            Event(at=SPIKE_AT, traffic={namespace: factor}, disturbs=False),
-            Event(at=SPIKE_AT + length, traffic={namespace: 1 / factor}, disturbs=False),
-        )
-    at_rest = replace(
+    quiet = replace(
         scenario,
         name=f"{scenario.name}, spiked",
         placement=placement,
-        events=events,
+        events=(),
         disturbed_at_start=False,
         cycles=SPIKE_AT + max(SPIKE_LENGTHS) + SPIKE_AFTER,
     )
-    return at_rest, namespace, factor
+    return quiet, namespace, factor
+
+
+def spiked(
+    quiet: BalanceScenario, namespace: NamespaceName, factor: float, length: int
+) -> BalanceScenario:
+    """The cluster at rest (:func:`at_rest`) with ``namespace``'s traffic multiplied by
+    ``factor`` for ``length`` cycles from cycle :data:`SPIKE_AT` on."""
+    return replace(
+        quiet,
+        events=(
+            Event(at=SPIKE_AT, traffic={namespace: factor}, disturbs=False),
+            Event(at=SPIKE_AT + length, traffic={namespace: 1 / factor}, disturbs=False),
+        ),
+    )
 
 
 def judge_spikes(seed: int, strategies: Sequence[str], config: SheddingConfig) -> list[Spiked]:
     """Every strategy on the cluster of ``seed`` at rest and under spikes of each length (one
     unit of work for a process pool)."""
     generated = generate(seed, config.target_std)
-    quiet, namespace, factor = spiked(generated, None)
+    quiet, namespace, factor = at_rest(generated)
     rules = PlacementRules(quiet.policies)
     target = _target(quiet.traffic, {}, quiet.brokers, config.target_std, rules)
+    scenarios = [spiked(quiet, namespace, factor, length) for length in SPIKE_LENGTHS]
     out: list[Spiked] = []
     for strategy in strategies:
         sim = BalanceSim(quiet, strategy, config, seed=seed)
@@ -588,8 +594,7 @@ def judge_spikes(seed: int, strategies: Sequence[str], config: SheddingConfig) -
         )
         base = sum(len(c.moved) for c in cycles[SPIKE_AT:])
         moves = []
-        for length in SPIKE_LENGTHS:
-            scenario = spiked(generated, length)[0]
+        for scenario in scenarios:
             sim = BalanceSim(scenario, strategy, config, seed=seed)
             made = [len(sim.cycle(c).moved) for c in range(scenario.cycles)]
             moves.append(sum(made[SPIKE_AT:]) - base)

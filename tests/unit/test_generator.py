@@ -15,6 +15,7 @@ from lbd.workload.generator import (
     SPIKE_LENGTHS,
     Generated,
     Spiked,
+    at_rest,
     best_spread,
     distribution,
     evaluate,
@@ -260,14 +261,16 @@ def test_bench_balance_refuses_bad_generated_arguments(
 
 def test_a_spiked_cluster_is_placed_evenly_and_spiked_for_as_long_as_asked() -> None:
     generated = generate(4, CONFIG.target_std)
-    quiet, namespace, factor = spiked(generated, None)
+    quiet, namespace, factor = at_rest(generated)
     assert quiet.events == () and not quiet.disturbed_at_start
     assert set(quiet.placement) == set(generated.scenario.traffic)
+    assert at_rest(generated) == (quiet, namespace, factor)  # drawn from the seed alone
     for length in SPIKE_LENGTHS:
-        scenario, again, same = spiked(generated, length)
-        assert (again, same) == (namespace, factor) and scenario.placement == quiet.placement
+        scenario = spiked(quiet, namespace, factor, length)
+        assert scenario.placement == quiet.placement
         up, down = scenario.events
         assert (up.at, down.at) == (SPIKE_AT, SPIKE_AT + length)
+        assert set(up.traffic) == set(down.traffic) == {namespace}
         assert up.traffic[namespace] * down.traffic[namespace] == pytest.approx(1.0)
         assert not up.disturbs and not down.disturbs
 

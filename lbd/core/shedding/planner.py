@@ -413,8 +413,9 @@ def plan_shed(
     # No spike empties a broker: an underloaded one is filled at once, and the spread it makes
     # is lasting too. What a spike cannot do either (:func:`witnessed`) has lasted.
     underloaded = bool(plan.underloaded())
-    seen = witnessed(usable.loads, est, before, owned, state.calm)
-    shown = persistent and _uneven(seen, config, goal)
+    shown = persistent and _uneven(
+        witnessed(usable.loads, est, before, owned, state.calm), config, goal
+    )
     counted = hit_count > config.hit_count_threshold
     # A sample counts once: a broker that has not reported since the previous cycle shows the
     # sample it showed then, and a spike it caught would otherwise count again cycle after cycle.
@@ -424,7 +425,7 @@ def plan_shed(
         and not _uneven(heard(usable.loads, est, previous_ms, state.calm), config, goal)
     )
     lasting = state.balancing or underloaded or (counted and not stale) or shown
-    if persistent and stale and not (state.balancing or underloaded or shown):
+    if stale and not lasting:
         notes.append(
             f"waiting: the imbalance has lasted {hit_count} cycles only in samples already "
             f"counted (brokers that have not reported since the previous cycle)"
